@@ -1,0 +1,203 @@
+"""A topic: a directory of buckets sharing one record schema.
+
+The topic's own metadata (schema, timestamp column, payload kind, the list of buckets)
+lives in ``topic.sqlite`` beside the bucket files, so adding buckets is one transaction
+that any reader sees on its next ``buckets()`` call: that is how readers discover them.
+
+The API is the one a Kafka or Fluss connector can implement later: list buckets,
+earliest and latest offset per bucket, read a range as Arrow, offset for a timestamp,
+append.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+import pyarrow as pa
+
+from backlog_dagster.log.bucket import Bucket, BucketBounds
+from backlog_dagster.log.schema import TIMESTAMP, SchemaError
+
+_METADATA_FILE = "topic.sqlite"
+
+
+class Payload(StrEnum):
+    """How a topic stores its records."""
+
+    #: Typed columns, as declared when the topic was created.
+    ARROW = "arrow"
+    #: One JSON text per record in a ``value`` column, parsed by the reader against the
+    #: schema the reader declares; records that do not parse are reported, not fatal.
+    JSON = "json"
+
+
+JSON_VALUE_COLUMN = "value"
+
+
+class TopicError(RuntimeError):
+    """A topic that is missing, already exists, or is asked for something it lacks."""
+
+
+@dataclass(frozen=True)
+class BucketInfo:
+    """What ``describe`` reports for one bucket."""
+
+    bucket: int
+    bounds: BucketBounds
+    size_bytes: int
+
+
+class Topic:
+    """An open topic. Bucket handles are opened on demand and cached per instance."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        metadata = self.path / _METADATA_FILE
+        if not metadata.exists():
+            raise TopicError(f"no topic at {self.path} (expected {_METADATA_FILE} there)")
+        with closing(sqlite3.connect(metadata, timeout=60)) as db:
+            meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+        self.schema: pa.Schema = pa.ipc.read_schema(pa.py_buffer(meta["schema"]))
+        self.timestamp_column: str = meta["timestamp_column"].decode()
+        self.payload = Payload(meta["payload"].decode())
+        compression = meta["compression"].decode()
+        self.compression: str | None = compression or None
+        self._buckets: dict[int, Bucket] = {}
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def buckets(self) -> list[int]:
+        """The bucket ids, read afresh: buckets added by another process appear here."""
+        with closing(sqlite3.connect(self.path / _METADATA_FILE, timeout=60)) as db:
+            return [row[0] for row in db.execute("SELECT id FROM buckets ORDER BY id")]
+
+    def bucket(self, bucket_id: int) -> Bucket:
+        if bucket_id not in self._buckets:
+            if bucket_id not in self.buckets():
+                raise TopicError(f"topic {self.name} has no bucket {bucket_id}")
+            self._buckets[bucket_id] = Bucket(
+                self.path / _bucket_file(bucket_id),
+                bucket_id,
+                self.schema,
+                self.timestamp_column,
+                self.compression,
+            )
+        return self._buckets[bucket_id]
+
+    def bounds(self) -> dict[int, BucketBounds]:
+        """Earliest and latest offset of every bucket."""
+        return {b: self.bucket(b).bounds() for b in self.buckets()}
+
+    def latest_offsets(self) -> dict[int, int]:
+        return {b: bounds.latest for b, bounds in self.bounds().items()}
+
+    def describe(self) -> list[BucketInfo]:
+        return [
+            BucketInfo(b, self.bucket(b).bounds(), self.bucket(b).size_bytes())
+            for b in self.buckets()
+        ]
+
+    def read(self, bucket_id: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        return self.bucket(bucket_id).read(start, end)
+
+    def append(self, bucket_id: int, records: pa.Table | pa.RecordBatch) -> tuple[int, int]:
+        return self.bucket(bucket_id).append(records)
+
+    def offset_for_time(self, bucket_id: int, timestamp_us: int) -> int:
+        return self.bucket(bucket_id).offset_for_time(timestamp_us)
+
+    def add_buckets(self, count: int) -> list[int]:
+        """Add ``count`` empty buckets; return their ids."""
+        if count < 1:
+            raise TopicError(f"add at least one bucket, not {count}")
+        with closing(sqlite3.connect(self.path / _METADATA_FILE, timeout=60)) as db, db:
+            (top,) = db.execute("SELECT coalesce(max(id), -1) FROM buckets").fetchone()
+            new_ids = list(range(top + 1, top + 1 + count))
+            for bucket_id in new_ids:
+                # The bucket file exists before readers can learn its id.
+                Bucket(
+                    self.path / _bucket_file(bucket_id),
+                    bucket_id,
+                    self.schema,
+                    self.timestamp_column,
+                    self.compression,
+                ).close()
+                db.execute("INSERT INTO buckets (id, created_at) VALUES (?, ?)",
+                           (bucket_id, time.time()))
+        return new_ids
+
+    def close(self) -> None:
+        for bucket in self._buckets.values():
+            bucket.close()
+        self._buckets.clear()
+
+    def __enter__(self) -> Topic:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def create_topic(
+    path: Path | str,
+    schema: pa.Schema,
+    *,
+    timestamp_column: str,
+    buckets: int,
+    payload: Payload = Payload.ARROW,
+    compression: str | None = None,
+) -> Topic:
+    """Create a topic directory with ``buckets`` empty buckets.
+
+    For a JSON payload, ``schema`` is ignored beyond its timestamp column: the topic
+    stores ``(timestamp_column, value)`` and readers declare the schema of the value.
+    """
+    path = Path(path)
+    if (path / _METADATA_FILE).exists():
+        raise TopicError(f"a topic already exists at {path}")
+    if buckets < 1:
+        raise TopicError(f"a topic needs at least one bucket, not {buckets}")
+    if payload is Payload.JSON:
+        schema = pa.schema(
+            [pa.field(timestamp_column, TIMESTAMP, nullable=False),
+             pa.field(JSON_VALUE_COLUMN, pa.string())]
+        )
+    if timestamp_column not in schema.names:
+        raise SchemaError(
+            f"the timestamp column {timestamp_column!r} is not in the schema "
+            f"(columns: {', '.join(schema.names)})"
+        )
+    if schema.field(timestamp_column).type != TIMESTAMP:
+        raise SchemaError(f"the timestamp column {timestamp_column!r} must be a TIMESTAMP")
+    path.mkdir(parents=True, exist_ok=True)
+    staging = path / (_METADATA_FILE + ".new")
+    staging.unlink(missing_ok=True)
+    with closing(sqlite3.connect(staging)) as db, db:
+        db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value BLOB NOT NULL)")
+        db.execute("CREATE TABLE buckets (id INTEGER PRIMARY KEY, created_at REAL NOT NULL)")
+        db.executemany(
+            "INSERT INTO meta VALUES (?, ?)",
+            [
+                ("schema", schema.serialize().to_pybytes()),
+                ("timestamp_column", timestamp_column.encode()),
+                ("payload", payload.value.encode()),
+                ("compression", (compression or "").encode()),
+            ],
+        )
+    # The metadata file appears whole or not at all.
+    staging.rename(path / _METADATA_FILE)
+    topic = Topic(path)
+    topic.add_buckets(buckets)
+    return topic
+
+
+def _bucket_file(bucket_id: int) -> str:
+    return f"bucket-{bucket_id:05d}.sqlite"

@@ -1,0 +1,54 @@
+"""The SparkSession the project runs on, with the log's data source registered."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+#: Settings every session gets unless the caller overrides them. Arrow batches from
+#: the Python source are what make it fast; the UI is off because nothing here looks
+#: at it and it costs start-up time and a port.
+DEFAULT_CONF: Mapping[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.driver.memory": "4g",
+    "spark.python.worker.reuse": "true",
+}
+
+
+def use_this_python() -> None:
+    """Make Spark's Python workers run this interpreter, where the package is installed."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def get_session(
+    master: str = "local[*]", app_name: str = "backlog-dagster", conf: Mapping[str, str] = {}
+) -> SparkSession:
+    """Get or create the session and register the ``bucketlog`` data source on it.
+
+    ``master`` may be ``local[*]``, a cluster URL, or a Spark Connect URL (``sc://…``).
+    """
+    use_this_python()
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    builder = builder.remote(master) if master.startswith("sc://") else builder.master(master)
+    for key, value in {**DEFAULT_CONF, **conf}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    register_source(session)
+    return session
+
+
+def register_source(session: SparkSession) -> None:
+    from backlog_dagster.spark.source import BucketLogDataSource
+
+    session.dataSource.register(BucketLogDataSource)

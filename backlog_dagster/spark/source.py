@@ -1,0 +1,316 @@
+"""The Spark data source over the embedded log, registered as format ``bucketlog``.
+
+    spark.read.format("bucketlog").option("path", topic_dir).load()
+    spark.readStream.format("bucketlog").option("path", topic_dir)
+         .option("maxRecordsPerTrigger", 100_000).load()
+
+Options (all optional but ``path``):
+
+- ``startingOffsets``: ``earliest`` (default), ``latest``, or JSON ``{"<bucket>": offset}``;
+  buckets the JSON leaves out start at their earliest offset.
+- ``startingTimestamp``: ISO-8601 time; each bucket starts at its first record at or
+  after it. Overrides ``startingOffsets``.
+- ``endingOffsets`` (batch only): ``latest`` (default) or JSON; buckets left out end at
+  their latest offset.
+- ``maxRecordsPerTrigger`` (streaming): a read limit per micro-batch, shared out evenly
+  among the buckets that have records to read. ``availableNow`` honours it.
+- ``maxRecordsPerPartition``: larger bucket ranges are split into several Spark tasks.
+- ``mode`` (JSON payloads): ``PERMISSIVE`` (default; bad records go to
+  ``_corrupt_record`` and ``_error``) or ``FAILFAST`` (stop naming bucket and offset).
+
+Streaming offsets are ``{"<bucket>": next offset}`` with string keys in sorted order,
+because Spark compares offsets as JSON text. A bucket added to the topic while a query
+runs is read from its earliest offset from the next micro-batch on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+
+from backlog_dagster.log import Payload, Topic
+from backlog_dagster.spark.records import (
+    BUCKET_COLUMN,
+    OFFSET_COLUMN,
+    RecordLayout,
+    check_layout,
+    read_range,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import pyarrow as pa
+
+FORMAT = "bucketlog"
+DEFAULT_MAX_RECORDS_PER_PARTITION = 2_000_000
+
+Offsets = dict[str, int]
+
+
+@dataclass(frozen=True)
+class BucketRange(InputPartition):
+    """One Spark task's work: offsets ``[start, end)`` of one bucket."""
+
+    topic_path: str
+    bucket: int
+    start: int
+    end: int
+
+
+class BucketLogDataSource(DataSource):
+    """Batch and streaming reads of a topic of the embedded log."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> StructType:
+        """With no declared schema: the topic's stored columns plus bucket and offset."""
+        with _open_topic(self.options) as topic:
+            stored = from_arrow_schema(topic.schema, prefer_timestamp_ntz=False)
+        return StructType(
+            [
+                *stored.fields,
+                StructField(BUCKET_COLUMN, IntegerType(), False),
+                StructField(OFFSET_COLUMN, LongType(), False),
+            ]
+        )
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BatchReader(_Plan.make(self.options, schema))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return StreamReader(_Plan.make(self.options, schema))
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The parsed options and output layout, shared by the batch and stream readers."""
+
+    topic_path: str
+    layout: RecordLayout
+    options: Mapping[str, str]
+    max_records_per_partition: int
+
+    @classmethod
+    def make(cls, options: Mapping[str, str], schema: StructType) -> _Plan:
+        options = dict(options)
+        mode = options.get("mode", "PERMISSIVE").upper()
+        if mode not in ("PERMISSIVE", "FAILFAST"):
+            raise ValueError(f"option mode must be PERMISSIVE or FAILFAST, not {mode!r}")
+        with _open_topic(options) as topic:
+            layout = RecordLayout(
+                output=_arrow_schema(schema),
+                payload=topic.payload,
+                timestamp_column=topic.timestamp_column,
+                fail_on_malformed=mode == "FAILFAST",
+            )
+            check_layout(layout, topic.schema, topic.name)
+            path = str(topic.path)
+        per_partition = _positive_int(
+            options, "maxRecordsPerPartition", DEFAULT_MAX_RECORDS_PER_PARTITION
+        )
+        assert per_partition is not None
+        return cls(path, layout, options, per_partition)
+
+    def starting_offsets(self, topic: Topic) -> Offsets:
+        bounds = topic.bounds()
+        if "startingTimestamp" in self.options:
+            micros = _timestamp_us(self.options["startingTimestamp"])
+            return _sorted({b: topic.offset_for_time(b, micros) for b in bounds})
+        spec = self.options.get("startingOffsets", "earliest").strip()
+        if spec == "earliest":
+            return _sorted({b: v.earliest for b, v in bounds.items()})
+        if spec == "latest":
+            return _sorted({b: v.latest for b, v in bounds.items()})
+        given = _offsets_option("startingOffsets", spec, bounds)
+        return _sorted({b: given.get(b, v.earliest) for b, v in bounds.items()})
+
+    def partitions(self, start: Mapping[str, int], end: Mapping[str, int]) -> list[BucketRange]:
+        size = self.max_records_per_partition
+        ranges = []
+        for key, stop in end.items():
+            low = start.get(key, stop)
+            ranges += [
+                BucketRange(self.topic_path, int(key), at, min(at + size, stop))
+                for at in range(low, stop, size)
+            ]
+        return ranges
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, BucketRange)
+        return read_range(
+            partition.topic_path, partition.bucket, partition.start, partition.end, self.layout
+        )
+
+
+class BatchReader(DataSourceReader):
+    """Reads exactly ``[start, end)`` of every bucket, resolved when the plan is made."""
+
+    def __init__(self, plan: _Plan) -> None:
+        self.plan = plan
+
+    def partitions(self) -> Sequence[InputPartition]:
+        with Topic(self.plan.topic_path) as topic:
+            start = self.plan.starting_offsets(topic)
+            bounds = topic.bounds()
+            spec = self.plan.options.get("endingOffsets", "latest").strip()
+            given = {} if spec == "latest" else _offsets_option("endingOffsets", spec, bounds)
+            end = _sorted({b: given.get(b, v.latest) for b, v in bounds.items()})
+        for key in end:
+            if end[key] < start[key]:
+                raise ValueError(
+                    f"bucket {key}: endingOffsets {end[key]} is before the start {start[key]}"
+                )
+        return self.plan.partitions(start, end)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self.plan.read(partition)
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reads with per-bucket offsets, a read limit and availableNow."""
+
+    def __init__(self, plan: _Plan) -> None:
+        self.plan = plan
+        self.max_records = _positive_int(plan.options, "maxRecordsPerTrigger", None)
+        self._target: Offsets | None = None
+
+    def initialOffset(self) -> dict:
+        with Topic(self.plan.topic_path) as topic:
+            return self.plan.starting_offsets(topic)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.max_records is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.max_records)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._available()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        available = self._target if self._target is not None else self._available()
+        begin = self._begin(start, available)
+        if not isinstance(limit, ReadMaxRows):
+            return _sorted({**begin, **available})
+        backlog = {key: available[key] - begin[key] for key in available}
+        grant = share_read_limit(backlog, limit.max_rows)
+        return _sorted({key: begin[key] + grant.get(key, 0) for key in begin})
+
+    def reportLatestOffset(self) -> dict | None:
+        return self._available()
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        return self.plan.partitions(self._begin(start, end), end)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self.plan.read(partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: the log keeps records by retention, not by consumer progress."""
+
+    def _available(self) -> Offsets:
+        with Topic(self.plan.topic_path) as topic:
+            return _sorted(topic.latest_offsets())
+
+    def _begin(self, start: Mapping[str, int], known: Mapping[str, int]) -> Offsets:
+        """``start`` with buckets it lacks (added since) at their earliest offset."""
+        missing = [key for key in known if key not in start]
+        if not missing:
+            return dict(start)
+        with Topic(self.plan.topic_path) as topic:
+            earliest = {str(b): v.earliest for b, v in topic.bounds().items()}
+        return _sorted({**{key: earliest[key] for key in missing}, **start})
+
+
+def share_read_limit(backlog: Mapping[str, int], limit: int) -> Offsets:
+    """Share ``limit`` records among buckets with ``backlog`` records each, evenly.
+
+    A bucket with less than its even share leaves the rest to the others, so a
+    micro-batch reads ``min(limit, total backlog)`` records, and no bucket starves.
+    """
+    grant = dict.fromkeys(backlog, 0)
+    left = {key: count for key, count in backlog.items() if count > 0}
+    budget = limit
+    while budget > 0 and left:
+        share = max(1, budget // len(left))
+        for key in sorted(left):
+            take = min(share, left[key], budget)
+            grant[key] += take
+            left[key] -= take
+            budget -= take
+            if left[key] == 0:
+                del left[key]
+            if budget == 0:
+                break
+    return grant
+
+
+def _sorted(offsets: Mapping[Any, int]) -> Offsets:
+    """Offsets with string keys in sorted order: the form Spark compares as JSON text."""
+    return dict(sorted((str(key), int(value)) for key, value in offsets.items()))
+
+
+def _open_topic(options: Mapping[str, str]) -> Topic:
+    if "path" not in options:
+        raise ValueError(f"the {FORMAT} source needs option path: the topic's directory")
+    return Topic(options["path"])
+
+
+def _arrow_schema(schema: StructType) -> pa.Schema:
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+def _offsets_option(name: str, spec: str, bounds: Mapping[int, Any]) -> dict[int, int]:
+    try:
+        given = json.loads(spec)
+        offsets = {int(bucket): int(offset) for bucket, offset in given.items()}
+    except (ValueError, AttributeError, TypeError) as error:
+        raise ValueError(
+            f"option {name} must be 'earliest', 'latest' or JSON like {{\"0\": 42}}, not {spec!r}"
+        ) from error
+    unknown = sorted(set(offsets) - set(bounds))
+    if unknown:
+        raise ValueError(f"option {name} names bucket(s) {unknown} the topic does not have")
+    return offsets
+
+
+def _positive_int(options: Mapping[str, str], name: str, default: int | None) -> int | None:
+    if name not in options:
+        return default
+    try:
+        value = int(options[name])
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"option {name} must be a positive whole number, not {options[name]!r}")
+    return value
+
+
+def _timestamp_us(text: str) -> int:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError as error:
+        raise ValueError(f"option startingTimestamp is not an ISO-8601 time: {text!r}") from error
+    if moment.tzinfo is None:
+        raise ValueError(f"option startingTimestamp needs a time zone, e.g. {text}+00:00")
+    return int(moment.timestamp() * 1_000_000)
