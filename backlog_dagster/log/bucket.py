@@ -73,7 +73,11 @@ class Bucket:
         schema: pa.Schema,
         timestamp_column: str,
         compression: str | None = None,
+        *,
+        create: bool = False,
     ) -> None:
+        if not create and not path.exists():
+            raise FileNotFoundError(f"bucket {bucket_id}: no file at {path}")
         self.path = path
         self.id = bucket_id
         self.schema = schema
@@ -82,7 +86,8 @@ class Bucket:
         self._db = sqlite3.connect(path, timeout=60, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA_SQL)
+        if create:
+            self._db.executescript(_SCHEMA_SQL)
 
     def close(self) -> None:
         self._db.close()

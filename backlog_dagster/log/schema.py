@@ -53,6 +53,7 @@ _FIELD = re.compile(
         (?P<not_null>\s+NOT\s+NULL)?\s*(?:,|$)""",
     re.IGNORECASE | re.VERBOSE,
 )
+_LOOSE_FIELD = re.compile(r"\s*(?P<name>`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)\s*:?\s+(?P<type>[A-Za-z]+)")
 
 
 class SchemaError(ValueError):
@@ -67,6 +68,9 @@ def parse_ddl(ddl: str) -> pa.Schema:
     while position < len(text):
         match = _FIELD.match(text, position)
         if match is None:
+            loose = _LOOSE_FIELD.match(text, position)
+            if loose is not None and loose["type"].upper() not in _PRIMITIVES:
+                raise SchemaError(_unsupported(loose["name"].strip("`"), loose["type"]))
             raise SchemaError(
                 f"cannot parse the schema at {text[position:][:40]!r}: expected "
                 f"'name TYPE' with TYPE one of {', '.join(sorted(_PRIMITIVES))} or DECIMAL(p, s)"
@@ -92,12 +96,16 @@ def _field(match: re.Match[str]) -> pa.Field:
     elif type_name in _PRIMITIVES and match["p"] is None:
         arrow_type = _PRIMITIVES[type_name]
     else:
-        raise SchemaError(
-            f"column {name!r}: type {match['type']!r} is not supported in a log record; "
-            f"use one of {', '.join(sorted(_PRIMITIVES))} or DECIMAL(p, s), "
-            "or a JSON payload for nested data"
-        )
+        raise SchemaError(_unsupported(name, match["type"]))
     return pa.field(name, arrow_type, nullable=match["not_null"] is None)
+
+
+def _unsupported(column: str, type_name: str) -> str:
+    return (
+        f"column {column!r}: type {type_name.upper()!r} is not supported in a log record; "
+        f"use one of {', '.join(sorted(_PRIMITIVES))} or DECIMAL(p, s), "
+        "or a JSON payload for nested data"
+    )
 
 
 def to_ddl(schema: pa.Schema) -> str:

@@ -129,6 +129,7 @@ class Topic:
                     self.schema,
                     self.timestamp_column,
                     self.compression,
+                    create=True,
                 ).close()
                 db.execute("INSERT INTO buckets (id, created_at) VALUES (?, ?)",
                            (bucket_id, time.time()))

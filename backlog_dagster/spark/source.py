@@ -113,8 +113,9 @@ class _Plan:
 
     @classmethod
     def make(cls, options: Mapping[str, str], schema: StructType) -> _Plan:
-        options = dict(options)
-        mode = options.get("mode", "PERMISSIVE").upper()
+        # Spark hands options over with their keys lower-cased.
+        options = {key.lower(): value for key, value in options.items()}
+        mode = _option(options, "mode", "PERMISSIVE").upper()
         if mode not in ("PERMISSIVE", "FAILFAST"):
             raise ValueError(f"option mode must be PERMISSIVE or FAILFAST, not {mode!r}")
         with _open_topic(options) as topic:
@@ -134,10 +135,11 @@ class _Plan:
 
     def starting_offsets(self, topic: Topic) -> Offsets:
         bounds = topic.bounds()
-        if "startingTimestamp" in self.options:
-            micros = _timestamp_us(self.options["startingTimestamp"])
+        moment = _option(self.options, "startingTimestamp")
+        if moment is not None:
+            micros = _timestamp_us(moment)
             return _sorted({b: topic.offset_for_time(b, micros) for b in bounds})
-        spec = self.options.get("startingOffsets", "earliest").strip()
+        spec = _option(self.options, "startingOffsets", "earliest").strip()
         if spec == "earliest":
             return _sorted({b: v.earliest for b, v in bounds.items()})
         if spec == "latest":
@@ -173,7 +175,7 @@ class BatchReader(DataSourceReader):
         with Topic(self.plan.topic_path) as topic:
             start = self.plan.starting_offsets(topic)
             bounds = topic.bounds()
-            spec = self.plan.options.get("endingOffsets", "latest").strip()
+            spec = _option(self.plan.options, "endingOffsets", "latest").strip()
             given = {} if spec == "latest" else _offsets_option("endingOffsets", spec, bounds)
             end = _sorted({b: given.get(b, v.latest) for b, v in bounds.items()})
         for key in end:
@@ -270,10 +272,16 @@ def _sorted(offsets: Mapping[Any, int]) -> Offsets:
     return dict(sorted((str(key), int(value)) for key, value in offsets.items()))
 
 
+def _option(options: Mapping[str, str], name: str, default: str | None = None) -> Any:
+    """An option by its documented name, whatever the case of the key Spark passed."""
+    return options.get(name.lower(), options.get(name, default))
+
+
 def _open_topic(options: Mapping[str, str]) -> Topic:
-    if "path" not in options:
+    path = _option(options, "path")
+    if path is None:
         raise ValueError(f"the {FORMAT} source needs option path: the topic's directory")
-    return Topic(options["path"])
+    return Topic(path)
 
 
 def _arrow_schema(schema: StructType) -> pa.Schema:
@@ -295,14 +303,15 @@ def _offsets_option(name: str, spec: str, bounds: Mapping[int, Any]) -> dict[int
 
 
 def _positive_int(options: Mapping[str, str], name: str, default: int | None) -> int | None:
-    if name not in options:
+    text = _option(options, name)
+    if text is None:
         return default
     try:
-        value = int(options[name])
+        value = int(text)
     except ValueError:
         value = 0
     if value < 1:
-        raise ValueError(f"option {name} must be a positive whole number, not {options[name]!r}")
+        raise ValueError(f"option {name} must be a positive whole number, not {text!r}")
     return value
 
 

@@ -1,0 +1,18 @@
+"""The ``backlog-dagster`` command."""
+
+from __future__ import annotations
+
+import click
+
+from backlog_dagster.demo import demo
+from backlog_dagster.log.cli import log_group
+
+
+@click.group()
+@click.version_option(package_name="backlog-dagster")
+def main() -> None:
+    """Catch a Spark pipeline up at batch speed, then keep it live at streaming latency."""
+
+
+main.add_command(log_group)
+main.add_command(demo)

@@ -1,0 +1,71 @@
+"""Shared fixtures: one real local SparkSession for the whole run, and small topics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from backlog_dagster.log import Topic, create_topic
+from backlog_dagster.log.workload import (
+    ORDERS_SCHEMA,
+    ORDERS_TIMESTAMP,
+    Customers,
+    append_by_bucket,
+    orders,
+)
+
+MakeTopic = Callable[..., Topic]
+
+
+@pytest.fixture(scope="session")
+def spark():  # type: ignore[no-untyped-def]
+    from backlog_dagster.spark.session import get_session
+
+    session = get_session("local[2]", app_name="backlog-dagster-tests")
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def make_topic(tmp_path: Path) -> Iterator[MakeTopic]:
+    """Create an orders topic with ``records`` records spread over ``buckets``."""
+    opened: list[Topic] = []
+
+    def make(records: int = 10_000, buckets: int = 4, name: str = "orders") -> Topic:
+        topic = create_topic(tmp_path / name, ORDERS_SCHEMA, timestamp_column=ORDERS_TIMESTAMP,
+                             buckets=buckets)
+        opened.append(topic)
+        append_orders(topic, records)
+        return topic
+
+    yield make
+    for topic in opened:
+        topic.close()
+
+
+def append_orders(topic: Topic, records: int, seed: int = 3) -> None:
+    """Append ``records`` orders whose order ids continue the topic's count."""
+    if records == 0:
+        return
+    first = sum(b.latest for b in topic.bounds().values())
+    rng = np.random.default_rng(seed + first)
+    table, buckets = orders(rng, Customers.make(len(topic.buckets())), first, records,
+                            1_790_000_000_000_000, 1_790_000_100_000_000)
+    append_by_bucket(topic, table, buckets)
+
+
+def all_records(topic: Topic) -> pa.Table:
+    """Every record the topic holds, read directly from the log (the test oracle)."""
+    tables = []
+    for bucket, bounds in topic.bounds().items():
+        batches = list(topic.read(bucket, bounds.earliest, bounds.latest))
+        if batches:
+            table = pa.Table.from_batches(batches)
+            tables.append(table.append_column("_bucket", pa.array([bucket] * len(table),
+                                                                  pa.int32())))
+    return pa.concat_tables(tables)
