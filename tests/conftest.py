@@ -37,8 +37,9 @@ def make_topic(tmp_path: Path) -> Iterator[MakeTopic]:
     opened: list[Topic] = []
 
     def make(records: int = 10_000, buckets: int = 4, name: str = "orders") -> Topic:
-        topic = create_topic(tmp_path / name, ORDERS_SCHEMA, timestamp_column=ORDERS_TIMESTAMP,
-                             buckets=buckets)
+        topic = create_topic(
+            tmp_path / name, ORDERS_SCHEMA, timestamp_column=ORDERS_TIMESTAMP, buckets=buckets
+        )
         opened.append(topic)
         append_orders(topic, records)
         return topic
@@ -54,8 +55,14 @@ def append_orders(topic: Topic, records: int, seed: int = 3) -> None:
         return
     first = sum(b.latest for b in topic.bounds().values())
     rng = np.random.default_rng(seed + first)
-    table, buckets = orders(rng, Customers.make(len(topic.buckets())), first, records,
-                            1_790_000_000_000_000, 1_790_000_100_000_000)
+    table, buckets = orders(
+        rng,
+        Customers.make(len(topic.buckets())),
+        first,
+        records,
+        1_790_000_000_000_000,
+        1_790_000_100_000_000,
+    )
     append_by_bucket(topic, table, buckets)
 
 
@@ -66,6 +73,7 @@ def all_records(topic: Topic) -> pa.Table:
         batches = list(topic.read(bucket, bounds.earliest, bounds.latest))
         if batches:
             table = pa.Table.from_batches(batches)
-            tables.append(table.append_column("_bucket", pa.array([bucket] * len(table),
-                                                                  pa.int32())))
+            tables.append(
+                table.append_column("_bucket", pa.array([bucket] * len(table), pa.int32()))
+            )
     return pa.concat_tables(tables)

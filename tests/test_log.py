@@ -31,8 +31,13 @@ WORKERS = str(Path(__file__).with_name("log_workers.py"))
 
 def worker(*args: object) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
-    return subprocess.Popen([sys.executable, WORKERS, *map(str, args)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, WORKERS, *map(str, args)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_append_assigns_dense_offsets_and_reads_back_exactly(make_topic: MakeTopic) -> None:
@@ -103,11 +108,12 @@ def test_writers_and_readers_in_other_processes_at_once(tmp_path: Path) -> None:
     batches, rows = 200, 1000
     readers = [worker("reader", topic_dir, "0,1", 2 * batches * rows) for _ in range(2)]
     writers = [worker("writer", topic_dir, bucket, batches, rows) for bucket in (0, 1)]
+    outputs = {}
     for process in writers + readers:
-        out, err = process.communicate(timeout=180)
+        outputs[process.pid], err = process.communicate(timeout=180)
         assert process.returncode == 0, err
     for process in readers:
-        assert process.args[-1] == str(2 * batches * rows)
+        assert outputs[process.pid].split() == ["read", str(2 * batches * rows)]
     with Topic(topic_dir) as topic:
         assert topic.latest_offsets() == {0: batches * rows, 1: batches * rows}
 
@@ -154,8 +160,9 @@ def test_create_topic_errors(tmp_path: Path) -> None:
         create_topic(tmp_path / "c", ORDERS_SCHEMA, timestamp_column="event_time", buckets=1)
     with pytest.raises(TopicError, match="no topic at"):
         Topic(tmp_path / "nowhere")
-    json_topic = create_topic(tmp_path / "d", ORDERS_SCHEMA, timestamp_column="ts", buckets=1,
-                              payload=Payload.JSON)
+    json_topic = create_topic(
+        tmp_path / "d", ORDERS_SCHEMA, timestamp_column="ts", buckets=1, payload=Payload.JSON
+    )
     assert json_topic.schema.names == ["ts", "value"]
 
 

@@ -34,8 +34,15 @@ def test_batch_reads_every_record_once_in_the_declared_schema(
 ) -> None:
     topic = make_topic(records=20_000, buckets=4)
     df = read(spark, topic.path)
-    assert df.columns == ["order_id", "customer_id", "region", "amount", "event_time",
-                          "_bucket", "_offset"]
+    assert df.columns == [
+        "order_id",
+        "customer_id",
+        "region",
+        "amount",
+        "event_time",
+        "_bucket",
+        "_offset",
+    ]
     assert order_ids(df) == list(range(20_000))
     oracle = all_records(topic)
     got = df.groupBy("_bucket").agg(F.count("*").alias("n"), F.max("_offset").alias("top"))
@@ -54,8 +61,13 @@ def test_batch_reads_exactly_the_requested_ranges_split_into_partitions(
     topic = make_topic(records=20_000, buckets=4)
     starts = {"0": 10, "2": 500}
     ends = {"0": 1000, "1": 7}
-    df = read(spark, topic.path, startingOffsets=json.dumps(starts),
-              endingOffsets=json.dumps(ends), maxRecordsPerPartition=100)
+    df = read(
+        spark,
+        topic.path,
+        startingOffsets=json.dumps(starts),
+        endingOffsets=json.dumps(ends),
+        maxRecordsPerPartition=100,
+    )
     latest = topic.latest_offsets()
     expected = []
     for bucket in topic.buckets():
@@ -71,19 +83,27 @@ def test_batch_select_of_declared_columns_and_bad_declarations(
     spark: SparkSession, make_topic: MakeTopic
 ) -> None:
     topic = make_topic(records=1000, buckets=2)
-    df = spark.read.format("bucketlog").schema("_offset BIGINT, amount DOUBLE, _bucket INT") \
-        .option("path", str(topic.path)).load()
+    df = (
+        spark.read.format("bucketlog")
+        .schema("_offset BIGINT, amount DOUBLE, _bucket INT")
+        .option("path", str(topic.path))
+        .load()
+    )
     assert df.count() == 1000 and df.columns == ["_offset", "amount", "_bucket"]
     with pytest.raises(PySparkException, match="column 'price' is not in topic orders"):
-        spark.read.format("bucketlog").schema("price DOUBLE").option("path", str(topic.path)) \
-            .load().collect()
-    with pytest.raises(PySparkException, match="column 'amount' is double in topic orders, declared as string"):
-        spark.read.format("bucketlog").schema("amount STRING").option("path", str(topic.path)) \
-            .load().collect()
+        spark.read.format("bucketlog").schema("price DOUBLE").option(
+            "path", str(topic.path)
+        ).load().collect()
+    with pytest.raises(
+        PySparkException, match="column 'amount' is double in topic orders, declared as string"
+    ):
+        spark.read.format("bucketlog").schema("amount STRING").option(
+            "path", str(topic.path)
+        ).load().collect()
     with pytest.raises(PySparkException, match="option maxRecordsPerTrigger must be a positive"):
-        spark.readStream.format("bucketlog").option("path", str(topic.path)) \
-            .option("maxRecordsPerTrigger", "-3").load().writeStream.format("noop").start() \
-            .awaitTermination(30)
+        spark.readStream.format("bucketlog").option("path", str(topic.path)).option(
+            "maxRecordsPerTrigger", "-3"
+        ).load().writeStream.format("noop").start().awaitTermination(30)
 
 
 def test_reading_below_the_earliest_offset_is_a_clear_error(
@@ -92,8 +112,11 @@ def test_reading_below_the_earliest_offset_is_a_clear_error(
     topic = make_topic(records=4000, buckets=1)
     topic.bucket(0).truncate_before(1500)
     assert order_ids(read(spark, topic.path)) == list(range(1500, 4000))
-    with pytest.raises(PySparkException, match=r"bucket 0: offset 10 is below the earliest "
-                                               r"offset 1500"):
+    with pytest.raises(
+        PySparkException,
+        match=r"bucket 0: offset 10 is below the earliest "
+        r"offset 1500",
+    ):
         read(spark, topic.path, startingOffsets='{"0": 10}').collect()
 
 
@@ -109,8 +132,13 @@ def run_available_now(
     stream = spark.readStream.format("bucketlog").option("path", str(path))
     for key, value in options.items():
         stream = stream.option(key, str(value))
-    query = (stream.load().writeStream.foreachBatch(collect)
-             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    query = (
+        stream.load()
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
     assert query.awaitTermination(180)
     assert query.exception() is None
     return batches
@@ -134,10 +162,16 @@ def test_streaming_discovers_buckets_added_while_it_runs(
     spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = make_topic(records=3000, buckets=2)
-    query = (spark.readStream.format("bucketlog").option("path", str(topic.path)).load()
-             .writeStream.format("memory").queryName("discovery")
-             .option("checkpointLocation", str(tmp_path / "checkpoint"))
-             .trigger(processingTime="200 milliseconds").start())
+    query = (
+        spark.readStream.format("bucketlog")
+        .option("path", str(topic.path))
+        .load()
+        .writeStream.format("memory")
+        .queryName("discovery")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
     try:
         query.processAllAvailable()
         topic.add_buckets(2)
@@ -157,17 +191,31 @@ def test_streaming_discovers_buckets_added_while_it_runs(
 def test_json_payload_reports_malformed_records_instead_of_crashing(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    topic = create_topic(tmp_path / "events", parse_ddl("ts TIMESTAMP"), timestamp_column="ts",
-                         buckets=1, payload=Payload.JSON)
+    topic = create_topic(
+        tmp_path / "events",
+        parse_ddl("ts TIMESTAMP"),
+        timestamp_column="ts",
+        buckets=1,
+        payload=Payload.JSON,
+    )
     values = [json.dumps({"id": i, "amount": i * 1.5, "name": f"n{i}"}) for i in range(1000)]
     values[10] = '{"id": 10, "amount": '  # truncated
     values[500] = '{"id": "five hundred"}'  # wrong type
     values[501] = '{\n "id": 501\n}'  # valid, across lines
     values[999] = "[1, 2]"  # not an object
-    topic.append(0, pa.table({"ts": pa.array([0] * 1000, pa.int64()).cast(
-        pa.timestamp("us", tz="UTC")), "value": values}))
-    schema = "id BIGINT, amount DOUBLE, name STRING, _corrupt_record STRING, _error STRING, " \
-             "_offset BIGINT"
+    topic.append(
+        0,
+        pa.table(
+            {
+                "ts": pa.array([0] * 1000, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                "value": values,
+            }
+        ),
+    )
+    schema = (
+        "id BIGINT, amount DOUBLE, name STRING, _corrupt_record STRING, _error STRING, "
+        "_offset BIGINT"
+    )
     df = spark.read.format("bucketlog").schema(schema).option("path", str(topic.path)).load()
     rows = {r["_offset"]: r for r in df.collect()}
     assert len(rows) == 1000
@@ -179,11 +227,13 @@ def test_json_payload_reports_malformed_records_instead_of_crashing(
     assert rows[998]["amount"] == 998 * 1.5 and rows[998]["name"] == "n998"
 
     with pytest.raises(PySparkException, match="bucket 0 offset 10: "):
-        spark.read.format("bucketlog").schema("id BIGINT").option("mode", "FAILFAST") \
-            .option("path", str(topic.path)).load().collect()
+        spark.read.format("bucketlog").schema("id BIGINT").option("mode", "FAILFAST").option(
+            "path", str(topic.path)
+        ).load().collect()
     with pytest.raises(PySparkException, match="declare a _corrupt_record STRING column"):
-        spark.read.format("bucketlog").schema("id BIGINT").option("path", str(topic.path)) \
-            .load().collect()
+        spark.read.format("bucketlog").schema("id BIGINT").option(
+            "path", str(topic.path)
+        ).load().collect()
 
 
 def test_ddl_parser_agrees_with_spark(spark: SparkSession) -> None:
@@ -191,8 +241,11 @@ def test_ddl_parser_agrees_with_spark(spark: SparkSession) -> None:
     from pyspark.sql.types import StructType
 
     ddl = ORDERS_DDL + ", price DECIMAL(12, 2), flag BOOLEAN, day DATE, n INT"
-    spark_schema = StructType.fromDDL(ddl) if hasattr(StructType, "fromDDL") else \
-        spark.createDataFrame([], ddl).schema
+    spark_schema = (
+        StructType.fromDDL(ddl)
+        if hasattr(StructType, "fromDDL")
+        else spark.createDataFrame([], ddl).schema
+    )
     assert to_arrow_schema(spark_schema, timezone="UTC") == parse_ddl(ddl)
 
 

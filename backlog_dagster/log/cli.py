@@ -52,15 +52,27 @@ def log_group() -> None:
 @log_group.command("create")
 @topic_path
 @click.option("--schema", "ddl", required=True, help="Record schema as Spark DDL.")
-@click.option("--timestamp-column", required=True, help="The TIMESTAMP column records are timed by.")
+@click.option(
+    "--timestamp-column", required=True, help="The TIMESTAMP column records are timed by."
+)
 @click.option("--buckets", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--payload", type=click.Choice([p.value for p in Payload]), default="arrow",
-              show_default=True, help="arrow: typed columns; json: one JSON text per record.")
+@click.option(
+    "--payload",
+    type=click.Choice([p.value for p in Payload]),
+    default="arrow",
+    show_default=True,
+    help="arrow: typed columns; json: one JSON text per record.",
+)
 def create(topic: Path, ddl: str, timestamp_column: str, buckets: int, payload: str) -> None:
     """Create an empty topic."""
     try:
-        create_topic(topic, parse_ddl(ddl), timestamp_column=timestamp_column,
-                     buckets=buckets, payload=Payload(payload)).close()
+        create_topic(
+            topic,
+            parse_ddl(ddl),
+            timestamp_column=timestamp_column,
+            buckets=buckets,
+            payload=Payload(payload),
+        ).close()
     except (SchemaError, TopicError) as error:
         raise click.ClickException(str(error)) from error
     console.print(f"created topic {topic} with {buckets} buckets")
@@ -78,31 +90,67 @@ def describe(topic: Path) -> None:
         for info in log.describe():
             total_records += info.bounds.records
             total_bytes += info.size_bytes
-            table.add_row(str(info.bucket), f"{info.bounds.earliest:,}", f"{info.bounds.latest:,}",
-                          f"{info.bounds.records:,}", _size(info.size_bytes))
+            table.add_row(
+                str(info.bucket),
+                f"{info.bounds.earliest:,}",
+                f"{info.bounds.latest:,}",
+                f"{info.bounds.records:,}",
+                _size(info.size_bytes),
+            )
         table.add_row("all", "", "", f"{total_records:,}", _size(total_bytes), style="bold")
         Console().print(table)
 
 
 @log_group.command("produce")
 @topic_path
-@click.option("--records", type=click.IntRange(min=0), default=1_000_000, show_default=True,
-              help="Backlog records to append.")
-@click.option("--days", type=click.FloatRange(min=0, min_open=True), default=5.0,
-              show_default=True, help="The backlog's event times span this many days up to now.")
-@click.option("--buckets", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Buckets, if the topic has to be created.")
-@click.option("--live-rate", type=click.FloatRange(min=0), default=0.0,
-              help="After the backlog, append this many records/s stamped now, until stopped.")
-@click.option("--live-seconds", type=click.FloatRange(min=0), default=None,
-              help="Stop the live producer after this long (default: on Ctrl-C or SIGTERM).")
+@click.option(
+    "--records",
+    type=click.IntRange(min=0),
+    default=1_000_000,
+    show_default=True,
+    help="Backlog records to append.",
+)
+@click.option(
+    "--days",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="The backlog's event times span this many days up to now.",
+)
+@click.option(
+    "--buckets",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Buckets, if the topic has to be created.",
+)
+@click.option(
+    "--live-rate",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    help="After the backlog, append this many records/s stamped now, until stopped.",
+)
+@click.option(
+    "--live-seconds",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Stop the live producer after this long (default: on Ctrl-C or SIGTERM).",
+)
 @click.option("--seed", type=int, default=1, show_default=True)
-def produce(topic: Path, records: int, days: float, buckets: int, live_rate: float,
-            live_seconds: float | None, seed: int) -> None:
+def produce(
+    topic: Path,
+    records: int,
+    days: float,
+    buckets: int,
+    live_rate: float,
+    live_seconds: float | None,
+    seed: int,
+) -> None:
     """Append the reference ``orders`` workload: a backlog, then optionally a live rate."""
     if not (topic / "topic.sqlite").exists():
-        create_topic(topic, ORDERS_SCHEMA, timestamp_column=ORDERS_TIMESTAMP,
-                     buckets=buckets).close()
+        create_topic(
+            topic, ORDERS_SCHEMA, timestamp_column=ORDERS_TIMESTAMP, buckets=buckets
+        ).close()
     with open_topic(topic) as log:
         if log.schema != ORDERS_SCHEMA:
             raise click.ClickException(f"topic {topic} does not have the orders schema")
@@ -115,8 +163,9 @@ def produce(topic: Path, records: int, days: float, buckets: int, live_rate: flo
                 rate = done / max(time.monotonic() - started, 1e-9)
                 bar.update(task, completed=done, rate=f"{rate:,.0f} rec/s")
 
-            next_id = produce_backlog(log, records, days, seed=seed, first_order_id=next_id,
-                                      on_progress=advance)
+            next_id = produce_backlog(
+                log, records, days, seed=seed, first_order_id=next_id, on_progress=advance
+            )
         if live_rate > 0:
             stop_at = time.monotonic() + live_seconds if live_seconds is not None else None
             stopping = False
@@ -128,18 +177,32 @@ def produce(topic: Path, records: int, days: float, buckets: int, live_rate: flo
             signal.signal(signal.SIGTERM, stop)
             signal.signal(signal.SIGINT, stop)
             console.print(f"live: {live_rate:,.0f} records/s (Ctrl-C stops)")
-            produced = produce_live(
-                log, live_rate, seed=seed + 1, first_order_id=next_id,
-                should_stop=lambda: stopping or (stop_at is not None and time.monotonic() >= stop_at),
-            ) - next_id
+            produced = (
+                produce_live(
+                    log,
+                    live_rate,
+                    seed=seed + 1,
+                    first_order_id=next_id,
+                    should_stop=lambda: (
+                        stopping or (stop_at is not None and time.monotonic() >= stop_at)
+                    ),
+                )
+                - next_id
+            )
             console.print(f"live: appended {produced:,} records")
 
 
 @log_group.command("tail")
 @topic_path
 @click.option("--bucket", type=int, required=True)
-@click.option("-n", "--lines", type=click.IntRange(min=0), default=10, show_default=True,
-              help="Start this many records before the end.")
+@click.option(
+    "-n",
+    "--lines",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="Start this many records before the end.",
+)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing records as they arrive.")
 def tail(topic: Path, bucket: int, lines: int, follow: bool) -> None:
     """Print a bucket's last records, one per line, with their offsets."""
@@ -175,8 +238,11 @@ def add_buckets(topic: Path, count: int) -> None:
 
 @log_group.command("truncate")
 @topic_path
-@click.option("--before-time", required=True,
-              help="Retention: drop every record older than this ISO-8601 time (with zone).")
+@click.option(
+    "--before-time",
+    required=True,
+    help="Retention: drop every record older than this ISO-8601 time (with zone).",
+)
 def truncate(topic: Path, before_time: str) -> None:
     """Apply retention: each bucket's earliest offset moves to its first record at the time."""
     try:

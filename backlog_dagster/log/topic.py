@@ -56,7 +56,7 @@ class BucketInfo:
 class Topic:
     """An open topic. Bucket handles are opened on demand and cached per instance."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         metadata = self.path / _METADATA_FILE
         if not metadata.exists():
@@ -131,8 +131,9 @@ class Topic:
                     self.compression,
                     create=True,
                 ).close()
-                db.execute("INSERT INTO buckets (id, created_at) VALUES (?, ?)",
-                           (bucket_id, time.time()))
+                db.execute(
+                    "INSERT INTO buckets (id, created_at) VALUES (?, ?)", (bucket_id, time.time())
+                )
         return new_ids
 
     def close(self) -> None:
@@ -168,8 +169,10 @@ def create_topic(
         raise TopicError(f"a topic needs at least one bucket, not {buckets}")
     if payload is Payload.JSON:
         schema = pa.schema(
-            [pa.field(timestamp_column, TIMESTAMP, nullable=False),
-             pa.field(JSON_VALUE_COLUMN, pa.string())]
+            [
+                pa.field(timestamp_column, TIMESTAMP, nullable=False),
+                pa.field(JSON_VALUE_COLUMN, pa.string()),
+            ]
         )
     if timestamp_column not in schema.names:
         raise SchemaError(

@@ -91,7 +91,9 @@ def orders(
             "customer_id": customers.ids.take(who),
             "region": customers.regions.take(who),
             "amount": pa.array(amount),
-            "event_time": pa.array(event, type=pa.int64()).cast(ORDERS_SCHEMA.field("event_time").type),
+            "event_time": pa.array(event, type=pa.int64()).cast(
+                ORDERS_SCHEMA.field("event_time").type
+            ),
         },
         schema=ORDERS_SCHEMA,
     )

@@ -110,8 +110,7 @@ def shape(
         ERROR_COLUMN: lambda: errors,
     }
     columns = [
-        metadata[f.name]() if f.name in metadata else payload.column(f.name)
-        for f in layout.output
+        metadata[f.name]() if f.name in metadata else payload.column(f.name) for f in layout.output
     ]
     return pa.RecordBatch.from_arrays(
         [_as_array(c).cast(f.type) for c, f in zip(columns, layout.output, strict=True)],
@@ -125,9 +124,7 @@ def _as_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     return column
 
 
-def _parse_json(
-    values: pa.Array, layout: RecordLayout
-) -> tuple[pa.Table, pa.Array, pa.Array]:
+def _parse_json(values: pa.Array, layout: RecordLayout) -> tuple[pa.Table, pa.Array, pa.Array]:
     """Parse JSON texts; return the parsed rows, raw text of bad rows, and their errors.
 
     The whole batch is parsed at once by Arrow's JSON reader; only a batch with a bad
@@ -178,8 +175,9 @@ def _parse_json(
         parse(0, len(texts))
     good = pa.concat_tables(parsed) if parsed else schema.empty_table()
     payload = good.take(pa.array(take, pa.int64()))
-    corrupt = pa.array([t if e is not None else None for t, e in zip(texts, errors, strict=True)],
-                       pa.string())
+    corrupt = pa.array(
+        [t if e is not None else None for t, e in zip(texts, errors, strict=True)], pa.string()
+    )
     return payload, corrupt, pa.array(errors, pa.string())
 
 

@@ -46,7 +46,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
-from backlog_dagster.log import Payload, Topic
+from backlog_dagster.log import Topic
 from backlog_dagster.spark.records import (
     BUCKET_COLUMN,
     OFFSET_COLUMN,
