@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-#: Settings every session gets unless the caller overrides them. Arrow batches from
-#: the Python source are what make it fast; the UI is off because nothing here looks
-#: at it and it costs start-up time and a port.
+#: Settings every session gets unless the caller overrides them. The UI is off because
+#: nothing here looks at it and it costs start-up time and a port. Arrow batches as
+#: large as the log's stored blobs let the Python source hand each blob over whole
+#: (Spark's default of 10,000 rows re-chunks them: about 10% slower here, measured
+#: interleaved in one session over 20 million reference records).
 DEFAULT_CONF: Mapping[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.enabled": "false",
@@ -21,6 +23,7 @@ DEFAULT_CONF: Mapping[str, str] = {
     "spark.sql.adaptive.enabled": "true",
     "spark.driver.memory": "4g",
     "spark.python.worker.reuse": "true",
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "65536",
 }
 
 
