@@ -81,7 +81,13 @@ def demo(records: int, buckets: int, data_dir: Path, master: str) -> None:
             row["_bucket"]: row["n"]
             for row in reader.load().groupBy("_bucket").agg(F.count("*").alias("n")).collect()
         }
-        figures.append(("Spark batch read (first job, workers start)", sum(per_bucket.values()), time.monotonic() - started))
+        figures.append(
+            (
+                "Spark batch read (first job, workers start)",
+                sum(per_bucket.values()),
+                time.monotonic() - started,
+            )
+        )
         expected = {b: v.records for b, v in topic.bounds().items()}
         _check("batch: per-bucket counts equal the log's", per_bucket == expected)
 

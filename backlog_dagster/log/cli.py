@@ -174,21 +174,24 @@ def produce(
                 nonlocal stopping
                 stopping = True
 
-            signal.signal(signal.SIGTERM, stop)
-            signal.signal(signal.SIGINT, stop)
+            previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
             console.print(f"live: {live_rate:,.0f} records/s (Ctrl-C stops)")
-            produced = (
-                produce_live(
-                    log,
-                    live_rate,
-                    seed=seed + 1,
-                    first_order_id=next_id,
-                    should_stop=lambda: (
-                        stopping or (stop_at is not None and time.monotonic() >= stop_at)
-                    ),
+            try:
+                produced = (
+                    produce_live(
+                        log,
+                        live_rate,
+                        seed=seed + 1,
+                        first_order_id=next_id,
+                        should_stop=lambda: (
+                            stopping or (stop_at is not None and time.monotonic() >= stop_at)
+                        ),
+                    )
+                    - next_id
                 )
-                - next_id
-            )
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
             console.print(f"live: appended {produced:,} records")
 
 
