@@ -4,3 +4,7 @@ Importing the package stays light (no pyspark import), so Dagster definitions lo
 """
 
 __version__ = "0.1.0"
+
+from backlog_dagster.components import BacklogPipeline
+
+__all__ = ["BacklogPipeline"]

@@ -1,28 +1,29 @@
-"""The example project: the reference ``orders`` log, loaded and read through Spark.
+"""The example project: the reference ``orders`` log and two pipelines over it.
 
-``dagster dev -w workspace.yaml`` shows two assets: ``orders_log`` loads the reference
-backlog into the embedded log (if the topic is empty) and reports its buckets;
-``orders_per_bucket`` reads the whole topic back through the ``bucketlog`` Spark
-source and checks every bucket's count against the log.
+``dagster dev -w workspace.yaml`` shows:
+
+- ``orders_log``: loads the reference backlog into the embedded log (if the topic is
+  empty) and reports its buckets;
+- ``orders_per_bucket``: reads the topic back through the ``bucketlog`` Spark source and
+  checks every bucket's count against the log;
+- the pipelines declared in ``defs/`` (``customer_totals``, ``region_minutes``), each a
+  ``backlog_dagster.BacklogPipeline`` component in its own ``defs.yaml``.
 """
 
-import os
 import time
 from pathlib import Path
 
 import dagster as dg
 from dagster_pyspark import PySparkResource
 
+from backlog_dagster.components.pipeline import data_root
 from backlog_dagster.log import Topic, create_topic
 from backlog_dagster.log.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
 from backlog_dagster.spark.resource import session_of, spark_resource
 
 #: Where the example keeps its data: ``.data/example`` in the project, unless set.
-DATA_DIR = (
-    Path(os.environ.get("BACKLOG_DAGSTER_DATA", Path(__file__).resolve().parent.parent / ".data"))
-    / "example"
-)
-TOPIC_DIR = DATA_DIR / "orders"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+TOPIC_DIR = data_root(PROJECT_ROOT) / "example" / "orders"
 
 
 class OrdersLogConfig(dg.Config):
@@ -107,7 +108,7 @@ def orders_per_bucket(pyspark: PySparkResource) -> dg.MaterializeResult:
     )
 
 
-defs = dg.Definitions(
-    assets=[orders_log, orders_per_bucket],
-    resources={"pyspark": spark_resource()},
+defs = dg.Definitions.merge(
+    dg.Definitions(assets=[orders_log, orders_per_bucket], resources={"pyspark": spark_resource()}),
+    dg.load_from_defs_folder(path_within_project=PROJECT_ROOT / "definitions"),
 )

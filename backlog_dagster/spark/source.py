@@ -14,6 +14,7 @@ Options (all optional but ``path``):
   their latest offset.
 - ``maxRecordsPerTrigger`` (streaming): a read limit per micro-batch, shared out evenly
   among the buckets that have records to read. ``availableNow`` honours it.
+- ``buckets``: comma-separated bucket ids to read; default every bucket.
 - ``maxRecordsPerPartition``: larger bucket ranges are split into several Spark tasks.
 - ``mode`` (JSON payloads): ``PERMISSIVE`` (default; bad records go to
   ``_corrupt_record`` and ``_error``) or ``FAILFAST`` (stop naming bucket and offset).
@@ -147,10 +148,26 @@ class _Plan:
         given = _offsets_option("startingOffsets", spec, bounds)
         return _sorted({b: given.get(b, v.earliest) for b, v in bounds.items()})
 
+    @property
+    def buckets(self) -> set[str] | None:
+        """The buckets the reader is limited to, or None for all."""
+        spec = _option(self.options, "buckets")
+        if spec is None:
+            return None
+        try:
+            return {str(int(b)) for b in spec.split(",") if b.strip()}
+        except ValueError as error:
+            raise ValueError(
+                f"option buckets must list bucket ids like 0,3,5, not {spec!r}"
+            ) from error
+
     def partitions(self, start: Mapping[str, int], end: Mapping[str, int]) -> list[BucketRange]:
         size = self.max_records_per_partition
+        chosen = self.buckets
         ranges = []
         for key, stop in end.items():
+            if chosen is not None and key not in chosen:
+                continue
             low = start.get(key, stop)
             ranges += [
                 BucketRange(self.topic_path, int(key), at, min(at + size, stop))

@@ -1,0 +1,113 @@
+"""Boundary markers: where the backlog ends, per bucket, fixed when the pipeline starts.
+
+The markers are the log's end offsets at the moment the pipeline first starts (or is
+reset), written durably to the sink before any backlog work. They are never recomputed
+from the log's new end after a failure or restart: a known bug of the Fluss proposal,
+which kept them in memory.
+
+Buckets that appear after the markers were taken hold only records newer than the
+markers, so they have nothing in the backlog: each is tracked with start and marker at
+its earliest offset when first seen (finished at once), and the realtime phase reads it
+from there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from backlog_dagster.log import Topic
+from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.sink.base import Generation, Sink
+
+
+class DefinitionChanged(RuntimeError):
+    """The sink holds state of a different pipeline definition."""
+
+
+def definition_of(config: PipelineConfig) -> str:
+    """What decides the results: a change here makes the sink's state meaningless."""
+    return json.dumps(
+        {
+            "source": config.source.model_dump(mode="json", exclude={"path"}),
+            "transform": config.transform.model_dump(mode="json"),
+        },
+        sort_keys=True,
+    )
+
+
+def take_markers(topic: Topic, config: PipelineConfig) -> dict[int, tuple[int, int]]:
+    """``{bucket: (start offset, marker)}`` from the log as it is now."""
+    bounds = topic.bounds()
+    start = config.source.start
+    if start == "earliest":
+        starts = {b: v.earliest for b, v in bounds.items()}
+    elif start.timestamp is not None:
+        starts = {b: topic.offset_for_time(b, start.timestamp_us) for b in bounds}
+    else:
+        assert start.offsets is not None
+        unknown = sorted(set(start.offsets) - set(bounds))
+        if unknown:
+            raise ValueError(
+                f"pipeline {config.name}: source.start.offsets names bucket(s) {unknown}, "
+                f"which topic {topic.name} does not have"
+            )
+        starts = {b: start.offsets.get(b, v.earliest) for b, v in bounds.items()}
+    markers = {}
+    for bucket, offset in starts.items():
+        low, high = bounds[bucket].earliest, bounds[bucket].latest
+        if not low <= offset <= high:
+            raise ValueError(
+                f"pipeline {config.name}: bucket {bucket} start offset {offset} is outside "
+                f"the offsets the log holds [{low}, {high}]"
+            )
+        markers[bucket] = (offset, high)
+    return markers
+
+
+def current_generation(
+    sink: Sink, topic: Topic, config: PipelineConfig, log: Callable[[str], None]
+) -> Generation:
+    """The pipeline's markers: taken now if it never started, else as stored."""
+    definition = definition_of(config)
+    generation = sink.current_generation()
+    if generation is None:
+        generation = sink.start_generation(take_markers(topic, config), "first start", definition)
+        log(f"generation {generation.number}: boundary markers taken: {_describe(generation)}")
+        return generation
+    if generation.definition != definition:
+        raise DefinitionChanged(
+            f"pipeline {config.name}: the sink holds results of a different definition "
+            f"(source start or transform changed since generation {generation.number}). "
+            f"Run `backlog-dagster pipeline reset` to start over with the new definition."
+        )
+    new = {
+        b: (bounds.earliest, bounds.earliest)
+        for b, bounds in topic.bounds().items()
+        if b not in generation.buckets
+    }
+    if new:
+        generation = sink.track_buckets(generation.number, new)
+        log(
+            f"generation {generation.number}: tracking new bucket(s) {sorted(new)}, "
+            "with no backlog (their records are newer than the markers)"
+        )
+    return generation
+
+
+def reset(
+    sink: Sink, topic: Topic, config: PipelineConfig, reason: str, log: Callable[[str], None]
+) -> Generation:
+    """Start over: new markers at the log's end, results cleared."""
+    generation = sink.start_generation(take_markers(topic, config), reason, definition_of(config))
+    log(
+        f"generation {generation.number} ({reason}): boundary markers taken: "
+        f"{_describe(generation)}"
+    )
+    return generation
+
+
+def _describe(generation: Generation) -> str:
+    return ", ".join(
+        f"bucket {b.bucket} [{b.start}, {b.marker})" for b in generation.buckets.values()
+    )

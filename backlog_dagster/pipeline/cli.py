@@ -1,0 +1,98 @@
+"""``backlog-dagster pipeline …``: run and inspect a declared pipeline without the UI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from backlog_dagster.components.pipeline import data_root, open_sink, with_paths_under
+from backlog_dagster.log import Topic
+from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.pipeline.load import PipelineFileError, load_pipeline, project_root_of
+
+console = Console(stderr=True)
+defs_file = click.argument(
+    "defs_yaml", type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+
+
+def pipeline_of(path: Path) -> PipelineConfig:
+    try:
+        config = load_pipeline(path)
+    except PipelineFileError as error:
+        raise click.ClickException(str(error)) from error
+    return with_paths_under(config, data_root(project_root_of(path)))
+
+
+@click.group("pipeline")
+def pipeline_group() -> None:
+    """Declared pipelines (a defs.yaml of type backlog_dagster.BacklogPipeline)."""
+
+
+@pipeline_group.command("backlog")
+@defs_file
+@click.option(
+    "--checkpoint-interval",
+    type=float,
+    default=None,
+    help="Seconds between commits; overrides backlog.checkpoint_interval.",
+)
+def backlog(defs_yaml: Path, checkpoint_interval: float | None) -> None:
+    """Run the backlog phase up to the boundary markers."""
+    from backlog_dagster.phases.backlog import run_backlog
+    from backlog_dagster.spark.session import get_session
+
+    config = pipeline_of(defs_yaml)
+    spark = get_session(config.spark_master, app_name=f"backlog-{config.name}")
+    spark.sparkContext.setLogLevel("ERROR")
+    with open_sink(config) as sink:
+        report = run_backlog(
+            spark, config, sink, checkpoint_interval=checkpoint_interval, log=console.print
+        )
+    console.print(
+        f"backlog of {config.name} done: {report.rows_read:,} records read, "
+        f"{report.rows_written:,} rows written in {report.chunks} chunk(s), "
+        f"{report.seconds:.1f} s, {report.records_per_second:,.0f} records/s"
+    )
+
+
+@pipeline_group.command("status")
+@defs_file
+def status(defs_yaml: Path) -> None:
+    """The pipeline's generation, markers and per-bucket progress."""
+    config = pipeline_of(defs_yaml)
+    with open_sink(config) as sink:
+        generation = sink.current_generation()
+    if generation is None:
+        console.print(f"{config.name}: not started (no markers yet)")
+        return
+    table = Table(title=f"{config.name}: generation {generation.number} ({generation.reason})")
+    for column in ("bucket", "start", "marker", "reached", "finished"):
+        table.add_column(column, justify="right")
+    for b in generation.buckets.values():
+        table.add_row(
+            str(b.bucket),
+            f"{b.start:,}",
+            f"{b.marker:,}",
+            f"{b.reached:,}",
+            "yes" if b.finished else "no",
+        )
+    Console().print(table)
+
+
+@pipeline_group.command("reset")
+@defs_file
+@click.option("--reason", default="reset by the user", show_default=True)
+@click.confirmation_option(
+    prompt="Reset clears the pipeline's results and takes new markers. Go on?"
+)
+def reset(defs_yaml: Path, reason: str) -> None:
+    """Start over: new boundary markers at the log's end (a new generation), results cleared."""
+    from backlog_dagster.phases.markers import reset as reset_markers
+
+    config = pipeline_of(defs_yaml)
+    with open_sink(config) as sink, Topic(config.source.path) as topic:
+        reset_markers(sink, topic, config, reason, console.print)

@@ -1,0 +1,81 @@
+"""The shape of a pipeline's results table, and how two partial results merge.
+
+The backlog aggregates its input in chunks (one chunk when ``checkpoint_interval`` is
+0), and later phases add micro-batches: each produces a *partial* result per key that
+the sink merges into what it holds. So every aggregation is stored as partial columns
+with a merge rule (count and sum add, min and max keep the extreme), and aggregations
+that are not mergeable as such (avg) are derived from their partials. A new aggregate
+function only has to say its partials and, if needed, its derivation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from backlog_dagster.pipeline.config import Aggregation, TransformConfig
+
+Merge = Literal["add", "min", "max"]
+
+WINDOW_START = "window_start"
+WINDOW_END = "window_end"
+
+
+@dataclass(frozen=True)
+class Partial:
+    """A stored column: ``function`` over ``column`` per key and chunk, merged by ``merge``."""
+
+    name: str
+    function: Literal["count", "sum", "min", "max"]
+    column: str | None
+    merge: Merge
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A column computed from partials, as an SQL expression over stored columns."""
+
+    name: str
+    expression: str
+
+
+@dataclass(frozen=True)
+class ResultLayout:
+    keys: tuple[str, ...]
+    partials: tuple[Partial, ...]
+    derived: tuple[Derived, ...]
+
+    @property
+    def stored_columns(self) -> tuple[str, ...]:
+        return (*self.keys, *(p.name for p in self.partials))
+
+    @property
+    def visible_columns(self) -> tuple[str, ...]:
+        hidden = {p.name for p in self.partials if p.name.startswith("_")}
+        stored = [c for c in self.stored_columns if c not in hidden]
+        return (*stored, *(d.name for d in self.derived))
+
+
+_MERGE: dict[str, Merge] = {"count": "add", "sum": "add", "min": "min", "max": "max"}
+
+
+def layout_of(transform: TransformConfig) -> ResultLayout:
+    keys = tuple(transform.keys) + ((WINDOW_START, WINDOW_END) if transform.window else ())
+    partials: list[Partial] = []
+    derived: list[Derived] = []
+    for aggregation in transform.aggregations:
+        partials_of, derived_of = _split(aggregation)
+        partials += partials_of
+        derived += derived_of
+    return ResultLayout(keys, tuple(partials), tuple(derived))
+
+
+def _split(aggregation: Aggregation) -> tuple[list[Partial], list[Derived]]:
+    name, function, column = aggregation.name, aggregation.function, aggregation.column
+    if function == "avg":
+        total, count = f"_{name}_sum", f"_{name}_count"
+        return (
+            [Partial(total, "sum", column, "add"), Partial(count, "count", column, "add")],
+            [Derived(name, f"CASE WHEN {count} > 0 THEN {total} * 1.0 / {count} END")],
+        )
+    return [Partial(name, function, column, _MERGE[function])], []

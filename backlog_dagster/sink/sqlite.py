@@ -1,0 +1,227 @@
+"""The embedded sink: one SQLite database file, in WAL mode.
+
+Why SQLite: it needs no server, and in WAL mode other processes (a dashboard, the
+sensor, ``sqlite3`` on the command line) read a consistent snapshot *while* the
+pipeline writes, never blocked by the writer (DuckDB, by contrast, locks its file
+against other processes). Results and progress live in the same file, so one
+transaction commits both.
+
+Tables: the results table as declared, plus ``backlog_generations`` and
+``backlog_buckets`` holding each pipeline's markers and progress.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from backlog_dagster.pipeline.results import ResultLayout
+from backlog_dagster.sink.base import BucketState, Generation, ProgressConflict
+
+_STATE_TABLES = (
+    """CREATE TABLE IF NOT EXISTS backlog_generations (
+    pipeline TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    reason TEXT NOT NULL,
+    definition TEXT NOT NULL,
+    PRIMARY KEY (pipeline, generation)
+)""",
+    """CREATE TABLE IF NOT EXISTS backlog_buckets (
+    pipeline TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    bucket INTEGER NOT NULL,
+    start_offset INTEGER NOT NULL,
+    marker INTEGER NOT NULL,
+    reached INTEGER NOT NULL,
+    PRIMARY KEY (pipeline, generation, bucket)
+)""",
+)
+
+
+class SqliteSink:
+    def __init__(self, path: Path | str, table: str, pipeline: str, layout: ResultLayout) -> None:
+        self.path = Path(path)
+        self.table = table
+        self.pipeline = pipeline
+        self.layout = layout
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        with self._transaction():
+            for statement in _STATE_TABLES:
+                self._db.execute(statement)
+            self._db.execute(self._results_ddl())
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> SqliteSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- state -----------------------------------------------------------------
+
+    def current_generation(self) -> Generation | None:
+        row = self._db.execute(
+            "SELECT generation, created_at, reason, definition FROM backlog_generations "
+            "WHERE pipeline = ? ORDER BY generation DESC LIMIT 1",
+            (self.pipeline,),
+        ).fetchone()
+        if row is None:
+            return None
+        number, created_at, reason, definition = row
+        buckets = {
+            bucket: BucketState(bucket, start, marker, reached)
+            for bucket, start, marker, reached in self._db.execute(
+                "SELECT bucket, start_offset, marker, reached FROM backlog_buckets "
+                "WHERE pipeline = ? AND generation = ? ORDER BY bucket",
+                (self.pipeline, number),
+            )
+        }
+        return Generation(number, created_at, reason, definition, buckets)
+
+    def start_generation(
+        self, buckets: dict[int, tuple[int, int]], reason: str, definition: str
+    ) -> Generation:
+        with self._transaction():
+            (top,) = self._db.execute(
+                "SELECT coalesce(max(generation), 0) FROM backlog_generations WHERE pipeline = ?",
+                (self.pipeline,),
+            ).fetchone()
+            self._db.execute(
+                "INSERT INTO backlog_generations VALUES (?, ?, ?, ?, ?)",
+                (self.pipeline, top + 1, time.time(), reason, definition),
+            )
+            self._insert_buckets(top + 1, buckets)
+            self._db.execute(f'DELETE FROM "{self.table}"')
+        generation = self.current_generation()
+        assert generation is not None
+        return generation
+
+    def track_buckets(self, generation: int, buckets: dict[int, tuple[int, int]]) -> Generation:
+        with self._transaction():
+            self._insert_buckets(generation, buckets)
+        current = self.current_generation()
+        assert current is not None
+        return current
+
+    def _insert_buckets(self, generation: int, buckets: dict[int, tuple[int, int]]) -> None:
+        self._db.executemany(
+            "INSERT INTO backlog_buckets VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (self.pipeline, generation, bucket, start, marker, start)
+                for bucket, (start, marker) in sorted(buckets.items())
+            ],
+        )
+
+    # -- results ---------------------------------------------------------------
+
+    def commit(
+        self, generation: int, start: dict[int, int], end: dict[int, int], results: pa.Table
+    ) -> bool:
+        with self._transaction():
+            held = dict(
+                self._db.execute(
+                    "SELECT bucket, reached FROM backlog_buckets "
+                    "WHERE pipeline = ? AND generation = ?",
+                    (self.pipeline, generation),
+                ).fetchall()
+            )
+            if all(held.get(b) == offset for b, offset in end.items()) and start != end:
+                return False
+            stale = {
+                b: (held.get(b), offset) for b, offset in start.items() if held.get(b) != offset
+            }
+            if stale:
+                raise ProgressConflict(
+                    f"pipeline {self.pipeline}: commit starts at offsets the sink does not hold "
+                    f"(bucket: (held, commit start)) {stale}; another run may be writing"
+                )
+            self._merge(results)
+            self._db.executemany(
+                "UPDATE backlog_buckets SET reached = ? "
+                "WHERE pipeline = ? AND generation = ? AND bucket = ?",
+                [(offset, self.pipeline, generation, b) for b, offset in end.items()],
+            )
+        return True
+
+    def read_results(self) -> pa.Table:
+        columns = self.layout.visible_columns
+        cursor = self._db.execute(
+            f"SELECT {', '.join(_quote(c) for c in columns)} FROM {_quote(self.table)}"
+        )
+        rows = cursor.fetchall()
+        return pa.table({c: [row[i] for row in rows] for i, c in enumerate(columns)})
+
+    def _merge(self, results: pa.Table) -> None:
+        if results.num_rows == 0:
+            return
+        stored = self.layout.stored_columns
+        names = ", ".join(_quote(c) for c in stored)
+        holes = ", ".join("?" for _ in stored)
+        updates = ", ".join(_merge_sql(p.name, p.merge) for p in self.layout.partials)
+        keys = ", ".join(_quote(k) for k in self.layout.keys)
+        data = {c: _sqlite_values(results.column(c)) for c in stored}
+        self._db.executemany(
+            f"INSERT INTO {_quote(self.table)} ({names}) VALUES ({holes}) "
+            f"ON CONFLICT ({keys}) DO UPDATE SET {updates}",
+            zip(*(data[c] for c in stored), strict=True),
+        )
+
+    def _results_ddl(self) -> str:
+        layout = self.layout
+        columns = [_quote(c) for c in layout.stored_columns]
+        columns += [
+            f"{_quote(d.name)} GENERATED ALWAYS AS ({d.expression}) VIRTUAL" for d in layout.derived
+        ]
+        keys = ", ".join(_quote(k) for k in layout.keys)
+        return (
+            f"CREATE TABLE IF NOT EXISTS {_quote(self.table)} "
+            f"({', '.join(columns)}, PRIMARY KEY ({keys}))"
+        )
+
+    def _transaction(self) -> _Transaction:
+        return _Transaction(self._db)
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind: object, *exc: object) -> None:
+        self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+
+
+def _sqlite_values(column: pa.ChunkedArray) -> list[object]:
+    """Python values SQLite stores; timestamps as ISO-8601 text in UTC."""
+    if pa.types.is_timestamp(column.type):
+        column = pc.strftime(column, format="%Y-%m-%dT%H:%M:%SZ")
+    return column.to_pylist()
+
+
+def _merge_sql(column: str, merge: str) -> str:
+    mine, theirs = _quote(column), f"excluded.{_quote(column)}"
+    combined = {
+        "add": f"{mine} + {theirs}",
+        "min": f"min({mine}, {theirs})",
+        "max": f"max({mine}, {theirs})",
+    }[merge]
+    return (
+        f"{mine} = CASE WHEN {mine} IS NULL THEN {theirs} WHEN {theirs} IS NULL THEN {mine} "
+        f"ELSE {combined} END"
+    )
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
