@@ -204,7 +204,7 @@ class _Transaction:
 
 
 def _sqlite_values(column: pa.ChunkedArray) -> list[object]:
-    """Python values SQLite stores; timestamps as ISO-8601 text in UTC."""
+    """Python values SQLite stores; timestamps as ISO-8601 text in UTC, to the microsecond."""
     if pa.types.is_timestamp(column.type):
         column = pc.strftime(column, format="%Y-%m-%dT%H:%M:%SZ")
     return column.to_pylist()

@@ -1,0 +1,89 @@
+"""Helpers for pipeline tests: declared pipelines over test topics, and pandas oracles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from backlog_dagster.log import Topic
+from backlog_dagster.pipeline.config import PipelineConfig
+
+CUSTOMER_TOTALS: dict[str, Any] = {
+    "keys": ["customer_id"],
+    "aggregations": [
+        {"name": "total_amount", "function": "sum", "column": "amount"},
+        {"name": "orders", "function": "count"},
+        {"name": "largest_amount", "function": "max", "column": "amount"},
+        {"name": "smallest_amount", "function": "min", "column": "amount"},
+        {"name": "mean_amount", "function": "avg", "column": "amount"},
+    ],
+}
+REGION_MINUTES: dict[str, Any] = {
+    "keys": ["region"],
+    "window": {"size": "1m", "allowed_lateness": "30s"},
+    "aggregations": [
+        {"name": "orders", "function": "count"},
+        {"name": "total_amount", "function": "sum", "column": "amount"},
+    ],
+}
+
+
+def pipeline(tmp_path: Path, transform: dict[str, Any], name: str = "customer_totals",
+             **attributes: Any) -> PipelineConfig:
+    return PipelineConfig.model_validate(
+        {
+            "name": name,
+            "source": {"path": str(tmp_path / "orders"), "event_time": "event_time"},
+            "transform": transform,
+            "sink": {"path": str(tmp_path / "results.sqlite"), "table": name},
+            **attributes,
+        }
+    )
+
+
+def write_defs(folder: Path, config: PipelineConfig) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "defs.yaml"
+    path.write_text(yaml.safe_dump({"type": "backlog_dagster.BacklogPipeline",
+                                    "attributes": config.model_dump(mode="json")}))
+    return path
+
+
+def records_up_to(topic: Topic, end: dict[int, int], start: dict[int, int] | None = None
+                  ) -> pd.DataFrame:
+    frames = []
+    for bucket, stop in end.items():
+        low = (start or {}).get(bucket, 0)
+        frames += [b.to_pandas() for b in topic.read(bucket, low, stop)]
+    return pd.concat(frames, ignore_index=True)
+
+
+def customer_totals_oracle(records: pd.DataFrame) -> pd.DataFrame:
+    return (
+        records.groupby("customer_id")
+        .agg(total_amount=("amount", "sum"), orders=("amount", "size"),
+             largest_amount=("amount", "max"), smallest_amount=("amount", "min"),
+             mean_amount=("amount", "mean"))
+        .reset_index()
+    )
+
+
+def region_minutes_oracle(records: pd.DataFrame) -> pd.DataFrame:
+    minute = records["event_time"].dt.floor("1min")
+    return (
+        records.assign(window_start=minute.dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+        .groupby(["region", "window_start"])
+        .agg(orders=("amount", "size"), total_amount=("amount", "sum"))
+        .reset_index()
+    )
+
+
+def assert_same(results: pd.DataFrame, oracle: pd.DataFrame, keys: list[str]) -> None:
+    """Equal row for row (floats to a relative 1e-9), whatever the order."""
+    got = results[oracle.columns].sort_values(keys).reset_index(drop=True)
+    want = oracle.sort_values(keys).reset_index(drop=True)
+    assert len(got) == len(want)
+    pd.testing.assert_frame_equal(got, want, check_dtype=False, rtol=1e-9)

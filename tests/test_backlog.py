@@ -1,0 +1,194 @@
+"""The backlog phase: markers, batch catch-up in chunks, commits, crashes, resets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from backlog_dagster.components.pipeline import open_sink
+from backlog_dagster.log import Topic
+from backlog_dagster.phases.backlog import run_backlog
+from backlog_dagster.phases.markers import DefinitionChanged, current_generation, reset
+from tests.conftest import MakeTopic, append_orders
+from tests.pipelines import (
+    CUSTOMER_TOTALS,
+    REGION_MINUTES,
+    assert_same,
+    customer_totals_oracle,
+    pipeline,
+    records_up_to,
+    region_minutes_oracle,
+    write_defs,
+)
+
+
+def markers_of(config) -> dict[int, int]:  # type: ignore[no-untyped-def]
+    with open_sink(config) as sink:
+        generation = sink.current_generation()
+    assert generation is not None
+    return {b: s.marker for b, s in generation.buckets.items()}
+
+
+@pytest.mark.parametrize("interval", [0, 0.02])
+def test_backlog_equals_the_oracle_and_stops_at_the_markers(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path, interval: float
+) -> None:
+    topic = make_topic(records=60_000, buckets=4)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS, backlog={"checkpoint_interval": interval})
+    with open_sink(config) as sink:
+        current_generation(sink, topic, config, print)  # markers now...
+        append_orders(topic, 5_000)  # ...so these records are after them
+        report = run_backlog(spark, config, sink, log=print)
+        results = sink.read_results().to_pandas()
+    markers = markers_of(config)
+    assert sum(markers.values()) == report.rows_read == 60_000
+    assert (report.chunks == 1) == (interval == 0)
+    assert_same(results, customer_totals_oracle(records_up_to(topic, markers)), ["customer_id"])
+
+
+def test_windowed_backlog_takes_every_record_however_late(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(records=40_000, buckets=3)
+    config = pipeline(tmp_path, REGION_MINUTES, name="region_minutes",
+                      backlog={"checkpoint_interval": 0.3})
+    with open_sink(config) as sink:
+        run_backlog(spark, config, sink, log=print)
+        results = sink.read_results().to_pandas()
+    assert list(results.columns) == ["region", "window_start", "window_end", "orders",
+                                     "total_amount"]
+    oracle = region_minutes_oracle(records_up_to(topic, topic.latest_offsets()))
+    assert_same(results, oracle, ["region", "window_start"])
+
+
+def test_a_replayed_commit_changes_nothing(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(records=5_000, buckets=2)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    with open_sink(config) as sink:
+        run_backlog(spark, config, sink, log=print)
+        before = sink.read_results().to_pandas()
+        generation = sink.current_generation()
+        assert generation is not None
+        start = {b: s.start for b, s in generation.buckets.items()}
+        end = {b: s.reached for b, s in generation.buckets.items()}
+        from backlog_dagster.phases.transform import partial_results
+
+        replay = partial_results(
+            spark.read.format("bucketlog").option("path", str(topic.path)).load(), config
+        ).toArrow()
+        assert sink.commit(generation.number, start, end, replay) is False
+        assert_same(sink.read_results().to_pandas(), before, ["customer_id"])
+        assert run_backlog(spark, config, sink, log=print).rows_read == 0
+
+
+def test_new_buckets_have_no_backlog_and_are_tracked(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(records=8_000, buckets=2)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    messages: list[str] = []
+    with open_sink(config) as sink:
+        current_generation(sink, topic, config, messages.append)
+        topic.add_buckets(1)
+        append_orders(topic, 3_000)
+        report = run_backlog(spark, config, sink, log=messages.append)
+        generation = sink.current_generation()
+    assert generation is not None
+    assert generation.buckets[2].start == generation.buckets[2].marker == 0
+    assert generation.buckets[2].finished
+    assert report.rows_read == 8_000
+    assert any("tracking new bucket(s) [2]" in m for m in messages)
+
+
+def test_reset_starts_a_new_generation_and_a_changed_definition_is_refused(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(records=5_000, buckets=2)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    with open_sink(config) as sink:
+        run_backlog(spark, config, sink, log=print)
+        append_orders(topic, 1_000)
+        generation = reset(sink, topic, config, "test reset", print)
+        assert generation.number == 2 and generation.reason == "test reset"
+        assert sum(b.marker for b in generation.buckets.values()) == 6_000
+        assert sink.read_results().num_rows == 0
+        assert run_backlog(spark, config, sink, log=print).rows_read == 6_000
+    changed = pipeline(tmp_path, {**CUSTOMER_TOTALS, "keys": ["region"]})
+    with open_sink(changed) as sink, pytest.raises(DefinitionChanged, match="pipeline reset"):
+        current_generation(sink, topic, changed, print)
+
+
+def start_backlog(defs: Path, data: Path) -> subprocess.Popen[str]:
+    cli = str(Path(sys.executable).with_name("backlog-dagster"))
+    return subprocess.Popen(
+        [cli, "pipeline", "backlog", str(defs)], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "BACKLOG_DAGSTER_DATA": str(data), "COLUMNS": "200"},
+    )
+
+
+def kill_all(process: subprocess.Popen[str]) -> None:
+    """SIGKILL the run and its Spark JVM (its own process group)."""
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def wait_for(condition, timeout: float = 180) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("interval", [0, 0.1])
+def test_a_killed_backlog_keeps_its_markers_and_recovers_exactly(
+    make_topic: MakeTopic, tmp_path: Path, interval: float
+) -> None:
+    topic = make_topic(records=400_000, buckets=4)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS, backlog={"checkpoint_interval": interval})
+    relative = config.model_copy(update={
+        "source": config.source.model_copy(update={"path": "orders"}),
+        "sink": config.sink.model_copy(update={"path": "results.sqlite"}),
+    })
+    defs = write_defs(tmp_path / "defs" / "customer_totals", relative)
+    run = start_backlog(defs, tmp_path)
+    assert run.stdout is not None
+    for line in run.stdout:
+        if "records to read up to the markers" in line:
+            break
+    markers = markers_of(config)
+    with open_sink(config) as sink:
+        if interval:  # let at least one chunk commit, then kill inside the next
+            wait_for(lambda: any(b.reached > b.start for b in
+                                 sink.current_generation().buckets.values()))  # type: ignore[union-attr]
+        else:
+            time.sleep(1.5)  # inside the one and only chunk
+        kill_all(run)
+        held = sink.current_generation()
+        assert held is not None
+        reached = {b: s.reached for b, s in held.buckets.items()}
+        if interval:
+            assert 0 < sum(reached.values()) < sum(markers.values())
+            assert sink.read_results().num_rows > 0
+        else:
+            assert sum(reached.values()) == 0 and sink.read_results().num_rows == 0
+    append_orders(topic, 20_000)  # the log moves on; the markers must not
+    rerun = start_backlog(defs, tmp_path)
+    output, _ = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, output
+    assert markers_of(config) == markers
+    read = int(output.split(" records read")[0].split()[-1].replace(",", ""))
+    assert read == sum(markers.values()) - sum(reached.values())
+    with open_sink(config) as sink:
+        results = sink.read_results().to_pandas()
+    with Topic(topic.path) as log:
+        assert_same(results, customer_totals_oracle(records_up_to(log, markers)), ["customer_id"])
