@@ -31,8 +31,9 @@ REGION_MINUTES: dict[str, Any] = {
 }
 
 
-def pipeline(tmp_path: Path, transform: dict[str, Any], name: str = "customer_totals",
-             **attributes: Any) -> PipelineConfig:
+def pipeline(
+    tmp_path: Path, transform: dict[str, Any], name: str = "customer_totals", **attributes: Any
+) -> PipelineConfig:
     return PipelineConfig.model_validate(
         {
             "name": name,
@@ -47,13 +48,20 @@ def pipeline(tmp_path: Path, transform: dict[str, Any], name: str = "customer_to
 def write_defs(folder: Path, config: PipelineConfig) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "defs.yaml"
-    path.write_text(yaml.safe_dump({"type": "backlog_dagster.BacklogPipeline",
-                                    "attributes": config.model_dump(mode="json")}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "type": "backlog_dagster.BacklogPipeline",
+                "attributes": config.model_dump(mode="json"),
+            }
+        )
+    )
     return path
 
 
-def records_up_to(topic: Topic, end: dict[int, int], start: dict[int, int] | None = None
-                  ) -> pd.DataFrame:
+def records_up_to(
+    topic: Topic, end: dict[int, int], start: dict[int, int] | None = None
+) -> pd.DataFrame:
     frames = []
     for bucket, stop in end.items():
         low = (start or {}).get(bucket, 0)
@@ -64,9 +72,13 @@ def records_up_to(topic: Topic, end: dict[int, int], start: dict[int, int] | Non
 def customer_totals_oracle(records: pd.DataFrame) -> pd.DataFrame:
     return (
         records.groupby("customer_id")
-        .agg(total_amount=("amount", "sum"), orders=("amount", "size"),
-             largest_amount=("amount", "max"), smallest_amount=("amount", "min"),
-             mean_amount=("amount", "mean"))
+        .agg(
+            total_amount=("amount", "sum"),
+            orders=("amount", "size"),
+            largest_amount=("amount", "max"),
+            smallest_amount=("amount", "min"),
+            mean_amount=("amount", "mean"),
+        )
         .reset_index()
     )
 

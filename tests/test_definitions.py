@@ -1,41 +1,26 @@
-"""The example project loads in Dagster and its assets materialize on a real instance."""
+"""The example project loads in Dagster, and its assets materialize on a real instance."""
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import dagster as dg
-import pytest
-from pyspark.sql import SparkSession
+import pandas as pd
+
+from backlog_dagster.log import Topic
+from tests.pipelines import assert_same, customer_totals_oracle, records_up_to
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_definitions(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.setenv("BACKLOG_DAGSTER_DATA", str(data_dir))
-    spec = importlib.util.spec_from_file_location(
-        "example_definitions", ROOT / "definitions" / "definitions.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+DAGSTER = str(Path(sys.executable).with_name("dagster"))
 
 
 def test_workspace_validates_with_the_dagster_cli() -> None:
     result = subprocess.run(
-        [
-            str(Path(sys.executable).with_name("dagster")),
-            "definitions",
-            "validate",
-            "-w",
-            "workspace.yaml",
-        ],
+        [DAGSTER, "definitions", "validate", "-w", "workspace.yaml"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -46,23 +31,54 @@ def test_workspace_validates_with_the_dagster_cli() -> None:
     assert "Validation successful" in result.stdout + result.stderr
 
 
-def test_example_assets_materialize_on_a_real_instance(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    module = load_definitions(tmp_path / "data", monkeypatch)
-    (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        result = dg.materialize(
-            [module.orders_log, module.orders_per_bucket],
-            instance=instance,
-            resources={"pyspark": module.spark_resource("local[2]")},
-            run_config={"ops": {"orders_log": {"config": {"records": 50_000, "buckets": 4}}}},
-        )
-        assert result.success
-        counted = instance.get_latest_materialization_event(dg.AssetKey("orders_per_bucket"))
-        assert counted is not None and counted.asset_materialization is not None
-        assert counted.asset_materialization.metadata["records"].value == 50_000
-        loaded = instance.get_latest_materialization_event(dg.AssetKey("orders_log"))
-        assert loaded is not None and loaded.asset_materialization is not None
-        buckets = loaded.asset_materialization.metadata["buckets"].value
-        assert sum(r.data["latest"] for r in buckets.records) == 50_000
+def test_example_assets_materialize_through_the_dagster_cli(tmp_path: Path) -> None:
+    """`dagster asset materialize` on a persistent instance, as a user runs it."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    env = {**os.environ, "DAGSTER_HOME": str(home), "BACKLOG_DAGSTER_DATA": str(tmp_path)}
+    config = {"ops": {"orders_log": {"config": {"records": 60_000, "buckets": 4}}}}
+    result = subprocess.run(
+        [
+            DAGSTER,
+            "asset",
+            "materialize",
+            "-m",
+            "definitions.definitions",
+            "--select",
+            "orders_log,orders_per_bucket,customer_totals_backlog,region_minutes_backlog",
+            "--config-json",
+            json.dumps(config),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+
+        def metadata(key: str) -> dict:  # type: ignore[type-arg]
+            event = instance.get_latest_materialization_event(dg.AssetKey(key))
+            assert event is not None and event.asset_materialization is not None
+            return {k: v.value for k, v in event.asset_materialization.metadata.items()}
+
+        assert metadata("orders_per_bucket")["records"] == 60_000
+        backlog = metadata("customer_totals_backlog")
+        assert backlog["rows_read"] == 60_000 and backlog["generation"] == 1
+        assert backlog["records_per_s"] > 0
+        table = backlog["buckets"]
+        assert [r.data["reached"] for r in table.records] == [
+            r.data["marker"] for r in table.records
+        ]
+        assert metadata("region_minutes_backlog")["rows_read"] == 60_000
+
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "example" / "results.sqlite") as db:
+        results = pd.read_sql("SELECT * FROM customer_totals", db)
+    with Topic(tmp_path / "example" / "orders") as topic:
+        oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
+    oracle = oracle[["customer_id", "total_amount", "orders", "largest_amount"]]
+    assert_same(results, oracle, ["customer_id"])

@@ -40,12 +40,11 @@ def take_markers(topic: Topic, config: PipelineConfig) -> dict[int, tuple[int, i
     """``{bucket: (start offset, marker)}`` from the log as it is now."""
     bounds = topic.bounds()
     start = config.source.start
-    if start == "earliest":
-        starts = {b: v.earliest for b, v in bounds.items()}
-    elif start.timestamp is not None:
+    if start.timestamp is not None:
         starts = {b: topic.offset_for_time(b, start.timestamp_us) for b in bounds}
+    elif start.offsets is None:
+        starts = {b: v.earliest for b, v in bounds.items()}
     else:
-        assert start.offsets is not None
         unknown = sorted(set(start.offsets) - set(bounds))
         if unknown:
             raise ValueError(

@@ -49,7 +49,10 @@ class Frozen(BaseModel):
 
 
 class StartAt(Frozen):
-    """Where the pipeline starts reading the first time (or after a reset)."""
+    """Where the pipeline starts reading the first time (or after a reset).
+
+    Neither field set (or the string ``earliest`` in YAML): each bucket's earliest offset.
+    """
 
     timestamp: str | None = Field(
         None,
@@ -62,8 +65,8 @@ class StartAt(Frozen):
 
     @model_validator(mode="after")
     def _one_of(self) -> StartAt:
-        if (self.timestamp is None) == (self.offsets is None):
-            raise ValueError("give exactly one of timestamp or offsets (or write 'earliest')")
+        if self.timestamp is not None and self.offsets is not None:
+            raise ValueError("give one of timestamp or offsets, not both")
         if self.timestamp is not None:
             try:
                 moment = datetime.fromisoformat(self.timestamp)
@@ -79,6 +82,10 @@ class StartAt(Frozen):
         return int(datetime.fromisoformat(self.timestamp).timestamp() * 1_000_000)
 
 
+def _earliest(value: object) -> object:
+    return {} if value == "earliest" else value
+
+
 class SourceConfig(Frozen):
     path: str = Field(description="Directory of the topic in the embedded log.")
     event_time: str = Field(description="The TIMESTAMP column that times each record.")
@@ -87,8 +94,9 @@ class SourceConfig(Frozen):
         description="Spark DDL of the record columns to read; default: every stored column. "
         "Required for a JSON payload.",
     )
-    start: Literal["earliest"] | StartAt = Field(
-        "earliest", description="'earliest', {timestamp: …} or {offsets: {bucket: offset}}."
+    start: Annotated[StartAt, BeforeValidator(_earliest)] = Field(
+        default_factory=StartAt,
+        description="'earliest' (the default), {timestamp: …} or {offsets: {bucket: offset}}.",
     )
 
 

@@ -1,0 +1,204 @@
+"""Mistakes in a pipeline's defs.yaml: each named with file, field and what is wrong."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from backlog_dagster.cli import main
+from backlog_dagster.pipeline.load import PipelineFileError, load_pipeline
+
+GOOD = {
+    "name": "t",
+    "source": {"path": "orders", "event_time": "event_time"},
+    "transform": {
+        "keys": ["customer_id"],
+        "aggregations": [{"name": "total", "function": "sum", "column": "amount"}],
+    },
+    "sink": {"path": "results.sqlite", "table": "t"},
+}
+
+BAD_YAML = """\
+type: backlog_dagster.BacklogPipeline
+attributes:
+  name: t
+  source: {path: orders, event_time: event_time}
+  transform:
+    keys: [customer_id]
+    aggregations:
+      - {name: total, function: summ, column: amount}
+  sink: {path: s.db, table: t, colour: blue}
+  backlog: {checkpoint_interval: -3}
+  realtime: {shuffle_partitions: many}
+"""
+
+
+def make_project(root: Path, defs_yaml: str) -> Path:
+    """A minimal dg project whose one component is ``defs_yaml``; return its defs.yaml."""
+    package = root / "badproj"
+    (package / "defs" / "p").mkdir(parents=True)
+    (root / "pyproject.toml").write_text(
+        textwrap.dedent("""\
+        [tool.dg]
+        directory_type = "project"
+        [tool.dg.project]
+        root_module = "badproj"
+        defs_module = "badproj.defs"
+        """)
+    )
+    (package / "__init__.py").write_text("")
+    (package / "defs" / "__init__.py").write_text("")
+    (package / "definitions.py").write_text(
+        textwrap.dedent("""\
+        from pathlib import Path
+        import dagster as dg
+        defs = dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
+        """)
+    )
+    path = package / "defs" / "p" / "defs.yaml"
+    path.write_text(defs_yaml)
+    return path
+
+
+def test_dagster_definitions_validate_names_file_line_and_field(tmp_path: Path) -> None:
+    defs = make_project(tmp_path, BAD_YAML)
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("dagster")),
+            "definitions",
+            "validate",
+            "-m",
+            "badproj.definitions",
+            "-d",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DAGSTER_HOME": ""},
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    for field, line, message in [
+        (
+            "transform.aggregations.0.function",
+            8,
+            "Input should be 'count', 'sum', 'min', 'max' or 'avg'",
+        ),
+        ("sink.colour", 9, "Extra inputs are not permitted"),
+        ("backlog.checkpoint_interval", 10, "Input should be greater than or equal to 0"),
+        ("realtime.shuffle_partitions", 11, "Input should be a valid integer"),
+    ]:
+        assert f"attributes.{field} at {defs}:{line}" in output, output[-4000:]
+        assert message in output
+
+
+def test_the_cli_names_file_and_field(tmp_path: Path) -> None:
+    defs = tmp_path / "defs.yaml"
+    defs.write_text(BAD_YAML)
+    result = CliRunner().invoke(main, ["pipeline", "status", str(defs)])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: {defs}: 4 mistake(s) in the pipeline's attributes:")
+    assert "  attributes.sink.colour: Extra inputs are not permitted" in result.output
+
+
+def with_change(path: str, value: object) -> dict:  # type: ignore[type-arg]
+    import copy
+
+    attributes = copy.deepcopy(GOOD)
+    *parents, last = path.split(".")
+    node = attributes
+    for part in parents:
+        node = node.setdefault(part, {})
+    if value is None:
+        del node[last]
+    else:
+        node[last] = value
+    return attributes
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("transform.keys", None, "attributes.transform.keys: Field required"),
+        ("transform.keys", [], "attributes.transform.keys: List should have at least 1 item"),
+        (
+            "transform.aggregations",
+            [{"name": "m", "function": "avg"}],
+            "attributes.transform.aggregations.0: Value error, avg needs a column",
+        ),
+        (
+            "transform.aggregations",
+            [{"name": "customer_id", "function": "count"}],
+            "attributes.transform: Value error, output column name(s) used twice: customer_id",
+        ),
+        (
+            "transform.aggregations",
+            [{"name": "total amount", "function": "count"}],
+            "attributes.transform.aggregations.0.name: Value error, 'total amount' is not a plain",
+        ),
+        (
+            "transform.window",
+            {"allowed_lateness": "30s"},
+            "attributes.transform.window.size: Field required",
+        ),
+        (
+            "transform.window",
+            {"size": "a minute"},
+            "attributes.transform.window.size: Value error, 'a minute' is not a duration",
+        ),
+        (
+            "source.start",
+            {"timestamp": "2026-11-20T00:00:00"},
+            "attributes.source.start: Value error, timestamp needs a time zone",
+        ),
+        (
+            "source.start",
+            {"timestamp": "2026-11-20T00:00:00Z", "offsets": {0: 1}},
+            "attributes.source.start: Value error, give one of timestamp or offsets, not both",
+        ),
+        (
+            "source.start",
+            "latest",
+            "attributes.source.start: Input should be a valid dictionary or instance of StartAt",
+        ),
+        ("source.event_time", None, "attributes.source.event_time: Field required"),
+        ("sink.kind", "postgres", "attributes.sink.kind: Input should be 'sqlite'"),
+        (
+            "realtime.checkpoint_interval",
+            0,
+            "attributes.realtime.checkpoint_interval: Input should be greater than 0",
+        ),
+    ],
+)
+def test_each_kind_of_mistake(tmp_path: Path, field: str, value: object, expected: str) -> None:
+    import yaml
+
+    defs = tmp_path / "defs.yaml"
+    defs.write_text(
+        yaml.safe_dump(
+            {"type": "backlog_dagster.BacklogPipeline", "attributes": with_change(field, value)}
+        )
+    )
+    with pytest.raises(PipelineFileError) as error:
+        load_pipeline(defs)
+    assert str(error.value).startswith(f"{defs}: ")
+    assert expected in str(error.value)
+
+
+def test_durations_take_units(tmp_path: Path) -> None:
+    import yaml
+
+    defs = tmp_path / "defs.yaml"
+    attributes = with_change("backlog", {"checkpoint_interval": "500ms"})
+    attributes["transform"]["window"] = {"size": "1m", "allowed_lateness": 30}
+    defs.write_text(yaml.safe_dump({"type": "x", "attributes": attributes}))
+    config = load_pipeline(defs)
+    assert config.backlog.checkpoint_interval == 0.5
+    assert config.transform.window is not None and config.transform.window.size == 60
