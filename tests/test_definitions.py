@@ -12,6 +12,7 @@ import dagster as dg
 import pandas as pd
 
 from backlog_dagster.log import Topic
+from tests.conftest import MakeTopic
 from tests.pipelines import assert_same, customer_totals_oracle, records_up_to
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,3 +83,36 @@ def test_example_assets_materialize_through_the_dagster_cli(tmp_path: Path) -> N
         oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
     oracle = oracle[["customer_id", "total_amount", "orders", "largest_amount"]]
     assert_same(results, oracle, ["customer_id"])
+
+
+def test_backlog_job_launched_as_the_ui_does_runs_on_the_daemon(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """Through `dagster dev`: the GraphQL launch the UI makes, the run queue, the daemon."""
+    from tests.dagster_server import dagster_dev, wait_for_run
+
+    topic = make_topic(records=60_000, buckets=4, name="example/orders")
+    with dagster_dev(tmp_path / "dagster_home", tmp_path) as client:
+        run_id = client.submit_job_execution(
+            "customer_totals_backlog_job",
+            run_config={
+                "ops": {"customer_totals_backlog": {"config": {"checkpoint_interval": 0.05}}}
+            },
+        )
+        assert wait_for_run(client, run_id) == "SUCCESS"
+    with dg.DagsterInstance.from_config(str(tmp_path / "dagster_home")) as instance:
+        event = instance.get_latest_materialization_event(dg.AssetKey("customer_totals_backlog"))
+        assert event is not None and event.asset_materialization is not None
+        metadata = event.asset_materialization.metadata
+        assert metadata["rows_read"].value == 60_000
+        assert metadata["chunks"].value > 1
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "example" / "results.sqlite") as db:
+        results = pd.read_sql("SELECT * FROM customer_totals", db)
+    oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
+    assert_same(
+        results,
+        oracle[["customer_id", "total_amount", "orders", "largest_amount"]],
+        ["customer_id"],
+    )
