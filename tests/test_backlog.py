@@ -133,10 +133,11 @@ def test_reset_starts_a_new_generation_and_a_changed_definition_is_refused(
         current_generation(sink, topic, changed, print)
 
 
-def start_backlog(defs: Path, data: Path) -> subprocess.Popen[str]:
+def start_backlog(defs: Path, data: Path, phase: str = "backlog") -> subprocess.Popen[str]:
+    """Run ``backlog-dagster pipeline <phase> defs.yaml`` in its own process group."""
     cli = str(Path(sys.executable).with_name("backlog-dagster"))
     return subprocess.Popen(
-        [cli, "pipeline", "backlog", str(defs)],
+        [cli, "pipeline", phase, str(defs)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -42,7 +42,12 @@ class BacklogRunConfig(dg.Config):
 
 
 def open_sink(config: PipelineConfig) -> SqliteSink:
-    return SqliteSink(config.sink.path, config.sink.table, config.name, layout_of(config.transform))
+    return SqliteSink(
+        config.sink.path,
+        config.sink.table,
+        config.name,
+        layout_of(config.transform, config.source.event_time),
+    )
 
 
 class BacklogPipeline(dg.Component):

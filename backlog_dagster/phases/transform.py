@@ -40,8 +40,17 @@ def partial_results(records: DataFrame, config: PipelineConfig) -> DataFrame:
         size = f"{round(transform.window.size * 1_000_000)} microseconds"
         window = F.window(F.col(config.source.event_time), size)
         group += [window.start.alias(WINDOW_START), window.end.alias(WINDOW_END)]
-    aggregates = [_partial(p) for p in layout_of(transform).partials]
+    aggregates = [_partial(p) for p in layout_of(transform, config.source.event_time).partials]
     return records.groupBy(*group).agg(*aggregates)
+
+
+def window_end(config: PipelineConfig) -> Column:
+    """The end of the tumbling window each record falls in (windowed pipelines only)."""
+    from pyspark.sql import functions as F
+
+    assert config.transform.window is not None
+    size = f"{round(config.transform.window.size * 1_000_000)} microseconds"
+    return F.window(F.col(config.source.event_time), size).end
 
 
 def _partial(partial: Partial) -> Column:

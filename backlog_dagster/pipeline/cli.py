@@ -96,3 +96,56 @@ def reset(defs_yaml: Path, reason: str) -> None:
     config = pipeline_of(defs_yaml)
     with open_sink(config) as sink, Topic(config.source.path) as topic:
         reset_markers(sink, topic, config, reason, console.print)
+
+
+@pipeline_group.command("realtime")
+@defs_file
+@click.option(
+    "--seconds",
+    type=float,
+    default=None,
+    help="Stop after this long (default: on Ctrl-C or SIGTERM).",
+)
+def realtime(defs_yaml: Path, seconds: float | None) -> None:
+    """Run the realtime phase from where the sink's progress stands, until stopped."""
+    import signal
+    import tempfile
+    import time
+
+    from backlog_dagster.phases.realtime import run_realtime
+    from backlog_dagster.spark.session import get_session
+
+    config = pipeline_of(defs_yaml)
+    stop_at = None if seconds is None else time.monotonic() + seconds
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+    spark = get_session(config.spark_master, app_name=f"realtime-{config.name}")
+    spark.sparkContext.setLogLevel("ERROR")
+    with (
+        open_sink(config) as sink,
+        open_sink(config) as status_sink,
+        tempfile.TemporaryDirectory(prefix="realtime-checkpoint-") as checkpoint,
+    ):
+        status = run_realtime(
+            spark,
+            config,
+            sink,
+            status_sink,
+            checkpoint_dir=Path(checkpoint),
+            should_stop=lambda: stopping or (stop_at is not None and time.monotonic() >= stop_at),
+            log=console.print,
+            on_status=lambda s: console.print(
+                f"realtime: {s.batches} batches, {s.records:,} records, lag "
+                f"{sum(s.offset_lag.values()):,} records, {s.records_per_s:,.0f} records/s"
+            ),
+        )
+    console.print(
+        f"realtime of {config.name} stopped: {status.batches} batches, "
+        f"{status.records:,} records, {status.late_records:,} late"
+    )

@@ -19,6 +19,9 @@ Merge = Literal["add", "min", "max"]
 
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
+#: Windowed pipelines keep, per window, the latest event time seen: the sink derives
+#: the pipeline's event-time high-water mark (and so its watermark) from it.
+MAX_EVENT_TIME = "_max_event_time"
 
 
 @dataclass(frozen=True)
@@ -59,9 +62,11 @@ class ResultLayout:
 _MERGE: dict[str, Merge] = {"count": "add", "sum": "add", "min": "min", "max": "max"}
 
 
-def layout_of(transform: TransformConfig) -> ResultLayout:
+def layout_of(transform: TransformConfig, event_time: str) -> ResultLayout:
     keys = tuple(transform.keys) + ((WINDOW_START, WINDOW_END) if transform.window else ())
     partials: list[Partial] = []
+    if transform.window:
+        partials.append(Partial(MAX_EVENT_TIME, "max", event_time, "max"))
     derived: list[Derived] = []
     for aggregation in transform.aggregations:
         partials_of, derived_of = _split(aggregation)

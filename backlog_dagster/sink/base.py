@@ -60,12 +60,20 @@ class Sink(Protocol):
         """Add buckets that appeared after the markers were taken."""
 
     def commit(
-        self, generation: int, start: dict[int, int], end: dict[int, int], results: pa.Table
+        self,
+        generation: int,
+        start: dict[int, int],
+        end: dict[int, int],
+        results: pa.Table,
+        late: pa.Table | None = None,
     ) -> bool:
-        """Merge ``results`` and move progress from ``start`` to ``end``, atomically.
+        """Merge ``results``, keep ``late`` records, move progress ``start`` → ``end``, atomically.
 
         Returns False, changing nothing, when exactly this commit was already made.
         """
+
+    def max_event_time(self) -> str | None:
+        """Latest event time committed so far (ISO text), for windowed pipelines."""
 
     def read_results(self) -> pa.Table:
         """The results as they stand, with the visible columns."""

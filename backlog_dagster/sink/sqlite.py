@@ -7,7 +7,9 @@ against other processes). Results and progress live in the same file, so one
 transaction commits both.
 
 Tables: the results table as declared, plus ``backlog_generations`` and
-``backlog_buckets`` holding each pipeline's markers and progress.
+``backlog_buckets`` holding each pipeline's markers and progress, and for windowed
+pipelines ``<table>_late``: records that arrived after the watermark had closed their
+window (bucket, offset, event time and the watermark then), kept instead of dropped.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from backlog_dagster.pipeline.results import ResultLayout
+from backlog_dagster.pipeline.results import MAX_EVENT_TIME, ResultLayout
 from backlog_dagster.sink.base import BucketState, Generation, ProgressConflict
 
 _STATE_TABLES = (
@@ -50,13 +52,30 @@ class SqliteSink:
         self.pipeline = pipeline
         self.layout = layout
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        # Spark calls foreachBatch functions on its own thread; one caller at a time.
+        self._db = sqlite3.connect(
+            self.path, timeout=60, isolation_level=None, check_same_thread=False
+        )
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         with self._transaction():
             for statement in _STATE_TABLES:
                 self._db.execute(statement)
             self._db.execute(self._results_ddl())
+            if self.windowed:
+                self._db.execute(
+                    f"CREATE TABLE IF NOT EXISTS {_quote(self.late_table)} (bucket INTEGER, "
+                    '"offset" INTEGER, event_time TEXT, watermark TEXT, PRIMARY KEY '
+                    '(bucket, "offset"))'
+                )
+
+    @property
+    def windowed(self) -> bool:
+        return any(p.name == MAX_EVENT_TIME for p in self.layout.partials)
+
+    @property
+    def late_table(self) -> str:
+        return f"{self.table}_late"
 
     def close(self) -> None:
         self._db.close()
@@ -101,7 +120,9 @@ class SqliteSink:
                 (self.pipeline, top + 1, time.time(), reason, definition),
             )
             self._insert_buckets(top + 1, buckets)
-            self._db.execute(f'DELETE FROM "{self.table}"')
+            self._db.execute(f"DELETE FROM {_quote(self.table)}")
+            if self.windowed:
+                self._db.execute(f"DELETE FROM {_quote(self.late_table)}")
         generation = self.current_generation()
         assert generation is not None
         return generation
@@ -125,7 +146,12 @@ class SqliteSink:
     # -- results ---------------------------------------------------------------
 
     def commit(
-        self, generation: int, start: dict[int, int], end: dict[int, int], results: pa.Table
+        self,
+        generation: int,
+        start: dict[int, int],
+        end: dict[int, int],
+        results: pa.Table,
+        late: pa.Table | None = None,
     ) -> bool:
         with self._transaction():
             held = dict(
@@ -146,12 +172,32 @@ class SqliteSink:
                     f"(bucket: (held, commit start)) {stale}; another run may be writing"
                 )
             self._merge(results)
+            if late is not None and late.num_rows:
+                columns = ("bucket", "offset", "event_time", "watermark")
+                self._db.executemany(
+                    f"INSERT INTO {_quote(self.late_table)} VALUES (?, ?, ?, ?)",
+                    zip(*(_sqlite_values(late.column(c)) for c in columns), strict=True),
+                )
             self._db.executemany(
                 "UPDATE backlog_buckets SET reached = ? "
                 "WHERE pipeline = ? AND generation = ? AND bucket = ?",
                 [(offset, self.pipeline, generation, b) for b, offset in end.items()],
             )
         return True
+
+    def max_event_time(self) -> str | None:
+        """The latest event time in the results (ISO text), for windowed pipelines."""
+        if not self.windowed:
+            return None
+        (latest,) = self._db.execute(
+            f"SELECT max({_quote(MAX_EVENT_TIME)}) FROM {_quote(self.table)}"
+        ).fetchone()
+        return latest
+
+    def read_late(self) -> pa.Table:
+        rows = self._db.execute(f"SELECT * FROM {_quote(self.late_table)}").fetchall()
+        columns = ("bucket", "offset", "event_time", "watermark")
+        return pa.table({c: [row[i] for row in rows] for i, c in enumerate(columns)})
 
     def read_results(self) -> pa.Table:
         columns = self.layout.visible_columns

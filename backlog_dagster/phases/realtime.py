@@ -1,0 +1,214 @@
+"""The realtime phase: a Structured Streaming query that continues exactly at the markers.
+
+State handoff (FLIP-327): the backlog left its per-key state in the sink as mergeable
+partial results. Each micro-batch here aggregates only its own records into partials
+and merges them into that state, so no key restarts from zero and nothing before the
+markers is read again.
+
+Exactly once: each micro-batch's results and the offsets it covered commit in one sink
+transaction, and every query starts from the offsets the sink holds (not from Spark's
+own checkpoint), so a crash at any point either committed a batch or left no trace of
+it, and the next run reads it again.
+
+Event-time windows: the watermark is the latest event time committed so far minus the
+allowed lateness; at the switch that is the backlog's latest event time minus the
+lateness, so every window the backlog closed stays final. A record whose window ended
+at or before the watermark is not merged: it goes to the sink's late table with its
+bucket, offset, event time and the watermark then.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from backlog_dagster.log import Topic
+from backlog_dagster.phases.markers import current_generation
+from backlog_dagster.phases.transform import partial_results, window_end
+from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.sink.base import Sink
+from backlog_dagster.spark.records import BUCKET_COLUMN, OFFSET_COLUMN
+from backlog_dagster.spark.source import FORMAT
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+
+class BacklogNotFinished(RuntimeError):
+    """The realtime phase was asked to start before every bucket reached its marker."""
+
+
+@dataclass
+class RealtimeStatus:
+    """What the realtime run reports at a steady cadence."""
+
+    batches: int = 0
+    records: int = 0
+    late_records: int = 0
+    offsets: dict[int, int] = field(default_factory=dict)
+    offset_lag: dict[int, int] = field(default_factory=dict)
+    watermark: str | None = None
+    watermark_lag_s: float | None = None
+    records_per_s: float = 0.0
+    first_batch_committed_at: float | None = None
+
+
+def streaming_settings(config: PipelineConfig, shuffle_partitions: int | None) -> dict[str, str]:
+    """A small fixed shuffle partition count, no adaptive re-planning per micro-batch."""
+    partitions = shuffle_partitions or config.realtime.shuffle_partitions
+    return {"spark.sql.shuffle.partitions": str(partitions), "spark.sql.adaptive.enabled": "false"}
+
+
+def run_realtime(
+    spark: SparkSession,
+    config: PipelineConfig,
+    sink: Sink,
+    status_sink: Sink,
+    *,
+    checkpoint_dir: Path,
+    should_stop: Callable[[], bool],
+    log: Callable[[str], None] = print,
+    on_status: Callable[[RealtimeStatus], None] = lambda status: None,
+    status_every_s: float = 5.0,
+    checkpoint_interval: float | None = None,
+    shuffle_partitions: int | None = None,
+) -> RealtimeStatus:
+    """Run micro-batches until ``should_stop()``; ``status_sink`` is a second connection."""
+    with Topic(config.source.path) as topic:
+        generation = current_generation(sink, topic, config, log)
+    if not generation.finished:
+        left = {
+            b.bucket: b.marker - b.reached for b in generation.buckets.values() if not b.finished
+        }
+        raise BacklogNotFinished(
+            f"pipeline {config.name}: the backlog has not reached the markers yet "
+            f"(records left per bucket: {left}); run the backlog first"
+        )
+    for key, value in streaming_settings(config, shuffle_partitions).items():
+        spark.conf.set(key, value)
+    interval = checkpoint_interval or config.realtime.checkpoint_interval
+    start = {str(b): s.reached for b, s in sorted(generation.buckets.items())}
+    log(f"realtime: starting at offsets {start}, micro-batches every {interval:g} s")
+    status = RealtimeStatus()
+
+    def commit_batch(batch: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        batch = batch.persist()
+        try:
+            ranges = (
+                batch.groupBy(BUCKET_COLUMN)
+                .agg(F.min(OFFSET_COLUMN).alias("low"), F.max(OFFSET_COLUMN).alias("high"))
+                .collect()
+            )
+            if not ranges:
+                return
+            begin = {r[BUCKET_COLUMN]: r["low"] for r in ranges}
+            end = {r[BUCKET_COLUMN]: r["high"] + 1 for r in ranges}
+            held = sink.current_generation()
+            assert held is not None
+            new = {b: (o, o) for b, o in begin.items() if b not in held.buckets}
+            if new:
+                sink.track_buckets(held.number, new)
+                log(f"realtime: tracking new bucket(s) {sorted(new)}")
+            on_time, late = _split_late(batch, config, sink)
+            results = partial_results(on_time, config).toArrow()
+            committed = sink.commit(held.number, begin, end, results, late)
+            if committed:
+                status.batches += 1
+                status.records += sum(end[b] - begin[b] for b in end)
+                status.late_records += 0 if late is None else late.num_rows
+                if status.first_batch_committed_at is None:
+                    status.first_batch_committed_at = time.time()
+        finally:
+            batch.unpersist()
+
+    stream = (
+        spark.readStream.format(FORMAT)
+        .option("path", config.source.path)
+        .option("startingOffsets", json.dumps(start))
+    )
+    if config.source.record_schema:
+        stream = stream.schema(config.source.record_schema)
+    if config.realtime.max_records_per_trigger:
+        stream = stream.option("maxRecordsPerTrigger", config.realtime.max_records_per_trigger)
+    query = (
+        stream.load()
+        .writeStream.queryName(f"{config.name}_realtime")
+        .foreachBatch(commit_batch)
+        .trigger(processingTime=f"{interval} seconds")
+        .option("checkpointLocation", str(checkpoint_dir))
+        .start()
+    )
+    try:
+        next_report = time.monotonic()
+        while not should_stop():
+            if query.awaitTermination(1):
+                break
+            if time.monotonic() >= next_report:
+                _refresh(status, query.lastProgress, config, status_sink)
+                on_status(status)
+                next_report = time.monotonic() + status_every_s
+        error = query.exception()
+        if error is not None:
+            raise RuntimeError(f"pipeline {config.name}: the realtime query failed: {error}")
+    finally:
+        query.stop()
+    _refresh(status, query.lastProgress, config, status_sink)
+    return status
+
+
+def _split_late(
+    batch: DataFrame, config: PipelineConfig, sink: Sink
+) -> tuple[DataFrame, pa.Table | None]:
+    """Records whose window is still open, and (as Arrow) those the watermark closed."""
+    from pyspark.sql import functions as F
+
+    window = config.transform.window
+    latest = sink.max_event_time()
+    if window is None or latest is None:
+        return batch, None
+    watermark = _parse(latest) - timedelta(seconds=window.allowed_lateness)
+    closed = window_end(config) <= F.lit(watermark)
+    late = (
+        batch.where(closed)
+        .select(
+            F.col(BUCKET_COLUMN).alias("bucket"),
+            F.col(OFFSET_COLUMN).alias("offset"),
+            F.col(config.source.event_time).alias("event_time"),
+            F.lit(watermark).alias("watermark"),
+        )
+        .toArrow()
+    )
+    return batch.where(~closed), late
+
+
+def _refresh(
+    status: RealtimeStatus, progress: dict | None, config: PipelineConfig, sink: Sink
+) -> None:
+    generation = sink.current_generation()
+    if generation is None:
+        return
+    status.offsets = {b: s.reached for b, s in generation.buckets.items()}
+    with Topic(config.source.path) as topic:
+        latest = topic.latest_offsets()
+    status.offset_lag = {b: latest[b] - status.offsets.get(b, 0) for b in latest}
+    if progress:
+        status.records_per_s = float(progress.get("processedRowsPerSecond") or 0.0)
+    latest_event = sink.max_event_time()
+    if latest_event is not None and config.transform.window is not None:
+        watermark = _parse(latest_event) - timedelta(
+            seconds=config.transform.window.allowed_lateness
+        )
+        status.watermark = watermark.isoformat()
+        status.watermark_lag_s = (datetime.now(UTC) - watermark).total_seconds()
+
+
+def _parse(iso: str) -> datetime:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00"))

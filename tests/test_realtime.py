@@ -1,0 +1,186 @@
+"""The realtime phase: continues at the markers from the backlog's state, exactly once."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import SparkSession
+
+from backlog_dagster.components.pipeline import open_sink
+from backlog_dagster.log import Topic
+from backlog_dagster.phases.backlog import run_backlog
+from backlog_dagster.phases.realtime import BacklogNotFinished, run_realtime
+from backlog_dagster.pipeline.config import PipelineConfig
+from tests.conftest import MakeTopic, append_orders
+from tests.pipelines import (
+    CUSTOMER_TOTALS,
+    REGION_MINUTES,
+    assert_same,
+    customer_totals_oracle,
+    pipeline,
+    records_up_to,
+    region_minutes_oracle,
+    write_defs,
+)
+from tests.test_backlog import kill_all, start_backlog, wait_for
+
+
+def reached(config: PipelineConfig) -> dict[int, int]:
+    with open_sink(config) as sink:
+        generation = sink.current_generation()
+    assert generation is not None
+    return {b: s.reached for b, s in generation.buckets.items()}
+
+
+class RealtimeThread(threading.Thread):
+    """run_realtime in the test's own Spark session, stopped by ``stop()``."""
+
+    def __init__(self, spark: SparkSession, config: PipelineConfig, checkpoint: Path) -> None:
+        super().__init__(daemon=True)
+        self.spark, self.config, self.checkpoint = spark, config, checkpoint
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with open_sink(self.config) as sink, open_sink(self.config) as status_sink:
+                run_realtime(
+                    self.spark,
+                    self.config,
+                    sink,
+                    status_sink,
+                    checkpoint_dir=self.checkpoint,
+                    should_stop=self.stopping.is_set,
+                    status_every_s=1.0,
+                )
+        except BaseException as error:  # reported by stop()
+            self.error = error
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(120)
+        assert not self.is_alive()
+        if self.error is not None:
+            raise self.error
+
+
+def test_realtime_refuses_to_start_before_the_backlog_is_done(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    make_topic(records=1000, buckets=2)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    with open_sink(config) as sink, pytest.raises(BacklogNotFinished, match="run the backlog"):
+        run_realtime(
+            spark, config, sink, sink, checkpoint_dir=tmp_path / "c", should_stop=lambda: True
+        )
+
+
+def test_realtime_continues_from_the_backlog_state_exactly(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(records=30_000, buckets=3)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS, realtime={"checkpoint_interval": 0.5})
+    with open_sink(config) as sink:
+        run_backlog(spark, config, sink, log=print)
+    markers = reached(config)
+    runner = RealtimeThread(spark, config, tmp_path / "checkpoint")
+    runner.start()
+    for _ in range(3):
+        append_orders(topic, 4_000)
+        time.sleep(0.7)
+    topic.add_buckets(1)  # a bucket born during the realtime phase
+    append_orders(topic, 4_000)
+    wait_for(lambda: reached(config) == topic.latest_offsets(), timeout=120)
+    runner.stop()
+    with open_sink(config) as sink:
+        results = sink.read_results().to_pandas()
+    assert set(reached(config)) == {0, 1, 2, 3}
+    assert sum(topic.latest_offsets().values()) - sum(markers.values()) == 16_000
+    oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
+    assert_same(results, oracle, ["customer_id"])
+
+
+def test_late_records_go_to_the_late_table_not_the_results(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(records=20_000, buckets=2)
+    config = pipeline(
+        tmp_path, REGION_MINUTES, name="region_minutes", realtime={"checkpoint_interval": 0.5}
+    )
+    with open_sink(config) as sink:
+        run_backlog(spark, config, sink, log=print)
+        latest = sink.max_event_time()
+    assert latest is not None
+    with Topic(topic.path) as log:
+        before = records_up_to(log, log.latest_offsets())
+    newest = before["event_time"].max()
+    late_one = before.iloc[[0]].assign(order_id=10**9, event_time=newest - pd_minutes(5))
+    on_time = before.iloc[[1]].assign(order_id=10**9 + 1, event_time=newest - pd_seconds(10))
+    for row in (late_one, on_time):
+        topic.append(0, pa.Table.from_pandas(row, preserve_index=False))
+    runner = RealtimeThread(spark, config, tmp_path / "checkpoint")
+    runner.start()
+    wait_for(lambda: reached(config) == topic.latest_offsets(), timeout=120)
+    runner.stop()
+    with open_sink(config) as sink:
+        late = sink.read_late().to_pylist()
+        results = sink.read_results().to_pandas()
+    assert [(r["bucket"], r["offset"]) for r in late] == [(0, topic.latest_offsets()[0] - 2)]
+    with Topic(topic.path) as log:
+        everything = records_up_to(log, log.latest_offsets())
+    kept = everything[everything["order_id"] != 10**9]
+    assert_same(results, region_minutes_oracle(kept), ["region", "window_start"])
+
+
+def pd_minutes(n: int):  # type: ignore[no-untyped-def]
+    import pandas as pd
+
+    return pd.Timedelta(minutes=n)
+
+
+def pd_seconds(n: int):  # type: ignore[no-untyped-def]
+    import pandas as pd
+
+    return pd.Timedelta(seconds=n)
+
+
+def test_a_killed_realtime_run_restarts_with_no_loss_or_duplicate(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(records=20_000, buckets=3)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS, realtime={"checkpoint_interval": 0.3})
+    with open_sink(config) as sink:
+        run_backlog(spark, config, sink, log=print)
+    relative = config.model_copy(
+        update={
+            "source": config.source.model_copy(update={"path": "orders"}),
+            "sink": config.sink.model_copy(update={"path": "results.sqlite"}),
+        }
+    )
+    defs = write_defs(tmp_path / "defs" / "customer_totals", relative)
+    done = sum(reached(config).values())
+    run = start_backlog(defs, tmp_path, phase="realtime")
+    deadline = time.monotonic() + 180
+    while sum(reached(config).values()) == done:  # live load until a batch commits
+        assert time.monotonic() < deadline, "the realtime run committed nothing"
+        append_orders(topic, 1_000)
+        time.sleep(0.3)
+    append_orders(topic, 10_000)  # then kill it while this is in flight
+    time.sleep(0.2)
+    kill_all(run)
+    assert done < sum(reached(config).values()) < sum(topic.latest_offsets().values())
+    append_orders(topic, 5_000)
+    rerun = start_backlog(defs, tmp_path, phase="realtime")
+    wait_for(lambda: reached(config) == topic.latest_offsets(), timeout=180)
+    rerun.send_signal(signal.SIGTERM)  # the driver only: it stops the query itself
+    output, _ = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0, output
+    with open_sink(config) as sink:
+        results = sink.read_results().to_pandas()
+    oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
+    assert_same(results, oracle, ["customer_id"])
