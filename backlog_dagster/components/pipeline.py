@@ -30,6 +30,7 @@ from backlog_dagster.sink.sqlite import SqliteSink
 
 if TYPE_CHECKING:
     from backlog_dagster.phases.backlog import BacklogReport
+    from backlog_dagster.phases.realtime import RealtimeStatus
 
 
 DATA_ENV = "BACKLOG_DAGSTER_DATA"
@@ -39,6 +40,16 @@ class BacklogRunConfig(dg.Config):
     """Per-run settings of the backlog phase; unset fields use the pipeline's YAML."""
 
     checkpoint_interval: float | None = None
+    shuffle_partitions: str | None = None
+    """``auto`` or a number."""
+    adaptive_query_execution: bool = True
+
+
+class RealtimeRunConfig(dg.Config):
+    """Per-run settings of the realtime phase; unset fields use the pipeline's YAML."""
+
+    checkpoint_interval: float | None = None
+    shuffle_partitions: int | None = None
 
 
 def open_sink(config: PipelineConfig) -> SqliteSink:
@@ -72,14 +83,17 @@ class BacklogPipeline(dg.Component):
         return cls(with_paths_under(attributes, data_root(Path(context.project_root))))
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        from backlog_dagster.components.switch import switch_sensor
+
         config = self.config
+        jobs = [
+            dg.define_asset_job(f"{config.name}_{phase}_job", selection=[f"{config.name}_{phase}"])
+            for phase in ("backlog", "realtime")
+        ]
         return dg.Definitions(
-            assets=[backlog_asset(config)],
-            jobs=[
-                dg.define_asset_job(
-                    f"{config.name}_backlog_job", selection=[f"{config.name}_backlog"]
-                )
-            ],
+            assets=[backlog_asset(config), realtime_asset(config)],
+            jobs=jobs,
+            sensors=[switch_sensor(config, jobs)],
         )
 
 
@@ -111,10 +125,19 @@ def backlog_asset(pipeline: PipelineConfig) -> dg.AssetsDefinition:
         from backlog_dagster.spark.session import get_session
 
         spark = get_session(pipeline.spark_master, app_name=f"backlog-{pipeline.name}")
+        settings = pipeline.backlog
+        if config.shuffle_partitions is not None:
+            partitions = config.shuffle_partitions
+            settings = settings.model_copy(
+                update={
+                    "shuffle_partitions": partitions if partitions == "auto" else int(partitions)
+                }
+            )
+        spark.conf.set("spark.sql.adaptive.enabled", str(config.adaptive_query_execution).lower())
         with open_sink(pipeline) as sink:
             report = run_backlog(
                 spark,
-                pipeline,
+                pipeline.model_copy(update={"backlog": settings}),
                 sink,
                 checkpoint_interval=config.checkpoint_interval,
                 log=context.log.info,
@@ -122,6 +145,74 @@ def backlog_asset(pipeline: PipelineConfig) -> dg.AssetsDefinition:
         return dg.MaterializeResult(metadata=report_metadata(report))
 
     return backlog
+
+
+def realtime_asset(pipeline: PipelineConfig) -> dg.AssetsDefinition:
+    key = dg.AssetKey(f"{pipeline.name}_realtime")
+
+    @dg.asset(
+        key=key,
+        group_name=pipeline.name,
+        kinds={"spark", "sqlite"},
+        deps=[f"{pipeline.name}_backlog"],
+        description=f"Realtime phase of {pipeline.name}: a long-running Structured Streaming "
+        "query from the markers on, merged into the backlog's results. Runs until cancelled.",
+    )
+    def realtime(context: dg.AssetExecutionContext, config: RealtimeRunConfig) -> None:
+        import shutil
+
+        from backlog_dagster.phases.realtime import run_realtime
+        from backlog_dagster.spark.session import get_session
+
+        spark = get_session(pipeline.spark_master, app_name=f"realtime-{pipeline.name}")
+        checkpoint = (
+            Path(pipeline.sink.path).parent / "checkpoints" / pipeline.name / context.run_id
+        )
+
+        def report(status: "RealtimeStatus") -> None:
+            context.log_event(dg.AssetObservation(asset_key=key, metadata=status_metadata(status)))
+
+        try:
+            with open_sink(pipeline) as sink, open_sink(pipeline) as status_sink:
+                run_realtime(
+                    spark,
+                    pipeline,
+                    sink,
+                    status_sink,
+                    checkpoint_dir=checkpoint,
+                    should_stop=lambda: False,
+                    log=context.log.info,
+                    on_status=report,
+                    status_every_s=pipeline.switch.status_every,
+                    checkpoint_interval=config.checkpoint_interval,
+                    shuffle_partitions=config.shuffle_partitions,
+                )
+        finally:
+            shutil.rmtree(checkpoint, ignore_errors=True)
+
+    return realtime
+
+
+def status_metadata(status: "RealtimeStatus") -> dict[str, dg.MetadataValue]:
+    metadata: dict[str, dg.MetadataValue] = {
+        "batches": dg.MetadataValue.int(status.batches),
+        "records": dg.MetadataValue.int(status.records),
+        "late_records": dg.MetadataValue.int(status.late_records),
+        "offset_lag": dg.MetadataValue.int(sum(status.offset_lag.values())),
+        "records_per_s": dg.MetadataValue.float(round(status.records_per_s, 1)),
+        "offsets": dg.MetadataValue.json({str(b): o for b, o in status.offsets.items()}),
+        "offset_lag_per_bucket": dg.MetadataValue.json(
+            {str(b): o for b, o in status.offset_lag.items()}
+        ),
+    }
+    if status.watermark is not None and status.watermark_lag_s is not None:
+        metadata["watermark"] = dg.MetadataValue.text(status.watermark)
+        metadata["watermark_lag_s"] = dg.MetadataValue.float(round(status.watermark_lag_s, 3))
+    if status.first_batch_committed_at is not None:
+        metadata["first_batch_committed_at"] = dg.MetadataValue.timestamp(
+            status.first_batch_committed_at
+        )
+    return metadata
 
 
 def report_metadata(report: "BacklogReport") -> dict[str, dg.MetadataValue]:

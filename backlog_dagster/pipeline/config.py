@@ -184,6 +184,18 @@ class RealtimeConfig(Frozen):
     )
 
 
+class SwitchConfig(Frozen):
+    """The sensor that watches progress against the markers and switches the phase."""
+
+    running_by_default: bool = Field(
+        True, description="Start the sensor with the code location (no click in the UI)."
+    )
+    interval: Duration = Field(5, gt=0, description="Seconds between the sensor's ticks.")
+    status_every: Duration = Field(
+        5, gt=0, description="How often the realtime run reports offsets, lag and watermark."
+    )
+
+
 class PipelineConfig(Frozen):
     """One declared pipeline: a source, a keyed aggregation, a sink and two phases."""
 
@@ -193,6 +205,7 @@ class PipelineConfig(Frozen):
     sink: SinkConfig
     backlog: BacklogConfig = BacklogConfig()
     realtime: RealtimeConfig = RealtimeConfig()
+    switch: SwitchConfig = SwitchConfig()
     spark_master: str = Field(
         "local[*]", description="Spark master: local[*], a cluster URL or sc://… (Spark Connect)."
     )

@@ -72,6 +72,12 @@ class Sink(Protocol):
         Returns False, changing nothing, when exactly this commit was already made.
         """
 
+    def phase(self) -> str:
+        """``backlog`` or ``realtime``: the durable phase flag."""
+
+    def record_phase(self, generation: int, phase: str, cause: str) -> None:
+        """Record a phase change, with its cause, in the phase history."""
+
     def max_event_time(self) -> str | None:
         """Latest event time committed so far (ISO text), for windowed pipelines."""
 

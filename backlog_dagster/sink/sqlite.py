@@ -42,6 +42,13 @@ _STATE_TABLES = (
     reached INTEGER NOT NULL,
     PRIMARY KEY (pipeline, generation, bucket)
 )""",
+    """CREATE TABLE IF NOT EXISTS backlog_phases (
+    pipeline TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    phase TEXT NOT NULL,
+    changed_at REAL NOT NULL,
+    cause TEXT NOT NULL
+)""",
 )
 
 
@@ -120,6 +127,10 @@ class SqliteSink:
                 (self.pipeline, top + 1, time.time(), reason, definition),
             )
             self._insert_buckets(top + 1, buckets)
+            self._db.execute(
+                "INSERT INTO backlog_phases VALUES (?, ?, 'backlog', ?, ?)",
+                (self.pipeline, top + 1, time.time(), reason),
+            )
             self._db.execute(f"DELETE FROM {_quote(self.table)}")
             if self.windowed:
                 self._db.execute(f"DELETE FROM {_quote(self.late_table)}")
@@ -142,6 +153,28 @@ class SqliteSink:
                 for bucket, (start, marker) in sorted(buckets.items())
             ],
         )
+
+    def phase(self) -> str:
+        """``backlog`` or ``realtime``: the durable phase flag (FLIP-309's isProcessingBacklog)."""
+        row = self._db.execute(
+            "SELECT phase FROM backlog_phases WHERE pipeline = ? ORDER BY rowid DESC LIMIT 1",
+            (self.pipeline,),
+        ).fetchone()
+        return "backlog" if row is None else str(row[0])
+
+    def record_phase(self, generation: int, phase: str, cause: str) -> None:
+        with self._transaction():
+            self._db.execute(
+                "INSERT INTO backlog_phases VALUES (?, ?, ?, ?, ?)",
+                (self.pipeline, generation, phase, time.time(), cause),
+            )
+
+    def phase_history(self) -> list[tuple[int, str, float, str]]:
+        return self._db.execute(
+            "SELECT generation, phase, changed_at, cause FROM backlog_phases "
+            "WHERE pipeline = ? ORDER BY rowid",
+            (self.pipeline,),
+        ).fetchall()
 
     # -- results ---------------------------------------------------------------
 

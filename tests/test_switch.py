@@ -1,0 +1,129 @@
+"""The switch, end to end through `dagster dev`: its daemon, the sensors, real runs."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+
+from backlog_dagster.log import Topic
+from tests.conftest import MakeTopic, append_orders
+from tests.dagster_server import dagster_dev
+from tests.pipelines import assert_same, customer_totals_oracle, records_up_to
+
+
+def sink_state(data: Path, pipeline: str) -> tuple[str, dict[int, int]]:
+    """The pipeline's phase and per-bucket progress, as the sink holds them."""
+    path = data / "example" / "results.sqlite"
+    if not path.exists():
+        return "backlog", {}
+    with sqlite3.connect(path) as db:
+        phase = db.execute(
+            "SELECT phase FROM backlog_phases WHERE pipeline = ? ORDER BY rowid DESC LIMIT 1",
+            (pipeline,),
+        ).fetchone()
+        reached = dict(
+            db.execute(
+                "SELECT bucket, reached FROM backlog_buckets WHERE pipeline = ? AND generation = "
+                "(SELECT max(generation) FROM backlog_buckets WHERE pipeline = ?)",
+                (pipeline, pipeline),
+            ).fetchall()
+        )
+    return ("backlog" if phase is None else phase[0]), reached
+
+
+def wait_until(condition, timeout: float, what: str, tick=None) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if tick is not None:
+            tick()
+        time.sleep(1)
+
+
+def runs_of(instance: dg.DagsterInstance, job: str) -> list[dg.DagsterRun]:
+    return list(instance.get_runs(filters=dg.RunsFilter(job_name=job)))
+
+
+def test_sensor_runs_backlog_then_switches_to_realtime_with_its_own_config(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(records=40_000, buckets=4, name="example/orders")
+    home = tmp_path / "dagster_home"
+    with dagster_dev(home, tmp_path) as client:
+        instance = dg.DagsterInstance.from_config(str(home))
+        wait_until(
+            lambda: sink_state(tmp_path, "customer_totals")[0] == "realtime",
+            400,
+            "the switch to realtime",
+        )
+        markers = sink_state(tmp_path, "customer_totals")[1]
+        assert sum(markers.values()) == 40_000
+
+        def realtime_running() -> bool:
+            return any(
+                r.status == dg.DagsterRunStatus.STARTED
+                for r in runs_of(instance, "customer_totals_realtime_job")
+            )
+
+        wait_until(realtime_running, 300, "the realtime run")
+        for _ in range(4):  # live records while realtime runs
+            append_orders(topic, 3_000)
+            time.sleep(1)
+        wait_until(
+            lambda: sink_state(tmp_path, "customer_totals")[1] == topic.latest_offsets(),
+            300,
+            "realtime to catch up with the live records",
+        )
+
+        backlog_runs = runs_of(instance, "customer_totals_backlog_job")
+        realtime_runs = runs_of(instance, "customer_totals_realtime_job")
+        assert len(backlog_runs) == 1 and len(realtime_runs) == 1
+        backlog_config = backlog_runs[0].run_config["ops"]["customer_totals_backlog"]["config"]
+        realtime_config = realtime_runs[0].run_config["ops"]["customer_totals_realtime"]["config"]
+        assert backlog_config["checkpoint_interval"] == 0
+        assert realtime_config == {"checkpoint_interval": 2.0, "shuffle_partitions": 4}
+
+        finishes = [
+            r.asset_observation.metadata
+            for r in instance.fetch_observations(
+                dg.AssetKey("customer_totals_backlog"), limit=100
+            ).records
+            if r.asset_observation is not None
+        ]
+        assert sorted(m["bucket"].value for m in finishes) == [0, 1, 2, 3]
+        switch = [
+            r.asset_observation.metadata
+            for r in instance.fetch_observations(
+                dg.AssetKey("customer_totals_realtime"), limit=100
+            ).records
+            if r.asset_observation is not None and "is_backlog" in r.asset_observation.metadata
+        ]
+        assert len(switch) == 1 and switch[0]["is_backlog"].value is False
+
+        with sqlite3.connect(tmp_path / "example" / "results.sqlite") as db:
+            results = pd.read_sql("SELECT * FROM customer_totals", db)
+        with Topic(topic.path) as log:
+            oracle = customer_totals_oracle(records_up_to(log, log.latest_offsets()))
+        assert_same(
+            results,
+            oracle[["customer_id", "total_amount", "orders", "largest_amount"]],
+            ["customer_id"],
+        )
+
+        run_id = realtime_runs[0].run_id
+        client.terminate_run(run_id)
+        wait_until(
+            lambda: (
+                instance.get_run_by_id(run_id).status  # type: ignore[union-attr]
+                == dg.DagsterRunStatus.CANCELED
+            ),
+            120,
+            "the cancellation",
+        )
+        time.sleep(15)  # three sensor ticks: a cancelled realtime run stays cancelled
+        assert len(runs_of(instance, "customer_totals_realtime_job")) == 1
+        instance.dispose()
