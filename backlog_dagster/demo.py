@@ -1,15 +1,25 @@
-"""``backlog-dagster demo``: the main job on the embedded defaults.
+"""``backlog-dagster demo``: the main job, the whole lifecycle through Dagster's daemon.
 
-Creates an ``orders`` topic of the reference workload, then reads it back through the
-``bucketlog`` Spark source in batch and in streaming (``availableNow`` with a read
-limit, then a restart from the checkpoint after more records arrive), checking that
-every record comes back exactly once, and prints counts and rates.
+Loads a backlog of the reference ``orders`` workload into the embedded log, starts a
+live producer, starts ``dagster dev`` on the example project (whose switch sensors are
+on by default), and prints a timeline read from Dagster's instance and the pipelines'
+sink: the markers, each bucket's finish as the sensor reported it, the switch, the
+realtime runs, then realtime lag for a while. Then it cancels the realtime runs the way
+the UI does, stops everything, and prints the results' top rows and the switch gap.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,13 +28,19 @@ from rich.console import Console
 from rich.table import Table
 
 from backlog_dagster.log.cli import progress_bar
-from backlog_dagster.log.topic import create_topic
-from backlog_dagster.log.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
+from backlog_dagster.log.topic import Topic, create_topic
+from backlog_dagster.log.workload import (
+    ORDERS_SCHEMA,
+    ORDERS_TIMESTAMP,
+    produce_backlog,
+    produce_live,
+)
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from dagster import DagsterInstance
 
-console = Console()
+console = Console(soft_wrap=True)
+PIPELINES = ("customer_totals", "region_minutes")
 
 
 @click.command("demo")
@@ -33,140 +49,260 @@ console = Console()
     type=click.IntRange(min=1),
     default=2_000_000,
     show_default=True,
-    help="Backlog records to load.",
+    help="Backlog records to load (the reference is 20,000,000).",
 )
 @click.option("--buckets", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option(
+    "--live-rate",
+    type=click.FloatRange(min=0),
+    default=5_000,
+    show_default=True,
+    help="Live records/s appended while the pipelines run.",
+)
+@click.option(
+    "--realtime-seconds",
+    type=click.FloatRange(min=1),
+    default=60,
+    show_default=True,
+    help="How long to watch the realtime phase before stopping.",
+)
 @click.option(
     "--data-dir",
     type=click.Path(path_type=Path),
     default=Path(".data/demo"),
     show_default=True,
-    help="Where the demo keeps its topic and checkpoints.",
+    help="Where the demo keeps its log, results and Dagster home.",
 )
-@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
-def demo(records: int, buckets: int, data_dir: Path, master: str) -> None:
-    """Load a backlog into the embedded log and read it back through Spark."""
+def demo(
+    records: int, buckets: int, live_rate: float, realtime_seconds: float, data_dir: Path
+) -> None:
+    """Backlog → switch → realtime, through Dagster's daemon and sensors."""
+    if not Path("workspace.yaml").exists():
+        raise click.ClickException("run the demo from the project's root (workspace.yaml)")
     if data_dir.exists():
         shutil.rmtree(data_dir)
-    topic_dir = data_dir / "orders"
-    figures: list[tuple[str, int, float]] = []
-
-    with create_topic(
-        topic_dir, ORDERS_SCHEMA, timestamp_column=ORDERS_TIMESTAMP, buckets=buckets
-    ) as topic:
-        started = time.monotonic()
-        with progress_bar() as bar:
-            task = bar.add_task("load backlog", total=records, rate="")
-            next_id = produce_backlog(
-                topic,
-                records,
-                days=5,
-                on_progress=lambda done: bar.update(task, completed=done, rate=""),
-            )
-        figures.append(("append to the log", records, time.monotonic() - started))
-
-        console.print(f"starting Spark ({master}) …")
-        started = time.monotonic()
-        from backlog_dagster.spark.session import get_session
-
-        spark = get_session(master, app_name="backlog-dagster-demo")
-        spark.sparkContext.setLogLevel("ERROR")
-        console.print(f"Spark ready in {time.monotonic() - started:.1f} s")
-
-        from pyspark.sql import functions as F
-
-        reader = spark.read.format("bucketlog").option("path", str(topic_dir))
-        started = time.monotonic()
-        per_bucket = {
-            row["_bucket"]: row["n"]
-            for row in reader.load().groupBy("_bucket").agg(F.count("*").alias("n")).collect()
-        }
-        figures.append(
-            (
-                "Spark batch read (first job, workers start)",
-                sum(per_bucket.values()),
-                time.monotonic() - started,
-            )
+    data_dir = data_dir.resolve()
+    topic_dir = data_dir / "example" / "orders"
+    with (
+        create_topic(
+            topic_dir, ORDERS_SCHEMA, timestamp_column=ORDERS_TIMESTAMP, buckets=buckets
+        ) as topic,
+        progress_bar() as bar,
+    ):
+        task = bar.add_task("load backlog", total=records, rate="")
+        next_id = produce_backlog(
+            topic, records, days=5, on_progress=lambda done: bar.update(task, completed=done)
         )
-        expected = {b: v.records for b, v in topic.bounds().items()}
-        _check("batch: per-bucket counts equal the log's", per_bucket == expected)
-
-        started = time.monotonic()
-        totals = (
-            reader.load()
-            .groupBy("customer_id")
-            .agg(F.sum("amount"), F.count("*"), F.max("amount"))
-            .count()
-        )
-        figures.append(("batch customer_totals", records, time.monotonic() - started))
-        console.print(f"customer_totals: {totals:,} customers")
-
-        checkpoint = str(data_dir / "checkpoints" / "stream")
-        limit = max(1, records // 8)
-        seen: list[tuple[int, int, int]] = []
-        started = time.monotonic()
-        _stream_once(spark, topic_dir, checkpoint, limit, seen)
-        first_run = list(seen)
-        figures.append(
-            ("streaming availableNow", sum(n for _, n, _ in first_run), time.monotonic() - started)
-        )
-        _check(
-            f"streaming: {len(first_run)} micro-batches, none over the limit of {limit:,}",
-            all(n <= limit for _, n, _ in first_run),
-        )
-
-        more = 10_000
-        produce_backlog(topic, more, days=0.01, seed=9, first_order_id=next_id)
-        _stream_once(spark, topic_dir, checkpoint, limit, seen)
-        restarted = seen[len(first_run) :]
-        read_total = sum(n for _, n, _ in seen)
-        distinct_total = sum(d for _, _, d in seen)
-        _check(
-            f"streaming restart from checkpoint read exactly the {more:,} new records",
-            sum(n for _, n, _ in restarted) == more,
-        )
-        _check(
-            "streaming: every record exactly once (no gap, no duplicate)",
-            read_total == records + more == distinct_total,
-        )
-        spark.stop()
-
-    table = Table(title="backlog-dagster demo")
-    for column in ("step", "records", "seconds", "records/s"):
-        table.add_column(column, justify="right" if column != "step" else "left")
-    for step, count, seconds in figures:
-        table.add_row(step, f"{count:,}", f"{seconds:.1f}", f"{count / seconds:,.0f}")
-    console.print(table)
-
-
-def _stream_once(
-    spark: SparkSession,
-    topic_dir: Path,
-    checkpoint: str,
-    limit: int,
-    seen: list[tuple[int, int, int]],
-) -> None:
-    from pyspark.sql import functions as F
-
-    def record(batch: DataFrame, batch_id: int) -> None:
-        counts = F.count("*").alias("n"), F.count_distinct("order_id").alias("d")
-        row = batch.agg(*counts).collect()[0]
-        seen.append((batch_id, row["n"], row["d"]))
-
-    query = (
-        spark.readStream.format("bucketlog")
-        .option("path", str(topic_dir))
-        .option("maxRecordsPerTrigger", limit)
-        .load()
-        .writeStream.foreachBatch(record)
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
+    stop_producer = threading.Event()
+    producer = threading.Thread(
+        target=_produce, daemon=True, args=(topic_dir, live_rate, next_id, stop_producer)
     )
-    query.awaitTermination()
+    producer.start()
+
+    home = data_dir / "dagster_home"
+    home.mkdir(parents=True)
+    port = _free_port()
+    log = (data_dir / "dagster-dev.log").open("w")
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("dagster")),
+            "dev",
+            "-w",
+            "workspace.yaml",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "DAGSTER_HOME": str(home), "BACKLOG_DAGSTER_DATA": str(data_dir)},
+    )
+    started = time.monotonic()
+    try:
+        _wait_for_server(port, server)
+        console.print(
+            f"[dim]{0:6.1f}s[/] dagster dev up on http://127.0.0.1:{port} (log: {log.name})"
+        )
+        lags = Timeline(data_dir, home, port, started).run(realtime_seconds)
+    finally:
+        stop_producer.set()
+        producer.join(30)
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+    _summary(data_dir, lags)
 
 
-def _check(what: str, ok: bool) -> None:
-    console.print(f"[{'green' if ok else 'red'}]{'ok' if ok else 'FAILED'}[/] {what}")
-    if not ok:
-        raise SystemExit(1)
+def _produce(topic_dir: Path, rate: float, first_id: int, stop: threading.Event) -> None:
+    if rate > 0:
+        with Topic(topic_dir) as topic:
+            produce_live(topic, rate, first_order_id=first_id, should_stop=stop.is_set)
+
+
+class Timeline:
+    """Polls the instance and the sink once a second and prints what changed."""
+
+    def __init__(self, data_dir: Path, home: Path, port: int, started: float) -> None:
+        self.data_dir, self.home, self.port, self.started = data_dir, home, port, started
+        self.seen: set[str] = set()
+        self.lags: dict[str, list[int]] = {p: [] for p in PIPELINES}
+
+    def say(self, key: str, text: str) -> None:
+        if key not in self.seen:
+            self.seen.add(key)
+            console.print(f"[dim]{time.monotonic() - self.started:6.1f}s[/] {text}")
+
+    def run(self, realtime_seconds: float) -> dict[str, list[int]]:
+        import dagster as dg
+        from dagster_graphql import DagsterGraphQLClient
+
+        client = DagsterGraphQLClient("127.0.0.1", port_number=self.port)
+        with dg.DagsterInstance.from_config(str(self.home)) as instance:
+            realtime_since: float | None = None
+            next_lag = 0.0
+            while realtime_since is None or time.monotonic() - realtime_since < realtime_seconds:
+                time.sleep(1)
+                running = 0
+                for name in PIPELINES:
+                    running += self._poll(instance, name)
+                if running == len(PIPELINES) and realtime_since is None:
+                    realtime_since = time.monotonic()
+                if realtime_since is not None and time.monotonic() >= next_lag:
+                    self._lag_line()
+                    next_lag = time.monotonic() + 5
+                if time.monotonic() - self.started > 1800:
+                    raise click.ClickException("no switch within 30 minutes; see dagster-dev.log")
+            for run in instance.get_runs(
+                filters=dg.RunsFilter(
+                    statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.QUEUED]
+                )
+            ):
+                client.terminate_run(run.run_id)
+                self.say(f"cancel {run.run_id}", f"cancelling {run.job_name} as the UI does")
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and instance.get_runs(
+                filters=dg.RunsFilter(
+                    statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+                )
+            ):
+                time.sleep(1)
+            self.say("stopped", "realtime runs cancelled; stopping Dagster")
+        return self.lags
+
+    def _poll(self, instance: DagsterInstance, name: str) -> int:
+        """Print news for one pipeline; return 1 while its realtime run is up."""
+        import dagster as dg
+
+        from backlog_dagster.sink.sqlite import PipelineState
+
+        sink_path = self.data_dir / "example" / "results.sqlite"
+        if not sink_path.exists():
+            return 0
+        with PipelineState(sink_path, name) as state:
+            generation = state.current_generation()
+            phase = state.phase()
+        if generation is None:
+            return 0
+        marks = ", ".join(f"{b.bucket}:{b.marker:,}" for b in generation.buckets.values())
+        self.say(f"{name} markers", f"{name}: boundary markers taken (bucket:offset) {marks}")
+        for record in instance.fetch_observations(dg.AssetKey(f"{name}_backlog"), 100).records:
+            event = record.asset_observation
+            if event is not None and "bucket" in event.metadata:
+                bucket = event.metadata["bucket"].value
+                self.say(
+                    f"{name} finish {bucket}",
+                    f"{name}: bucket {bucket} reached its marker "
+                    f"{event.metadata['marker'].value:,} (sensor: BacklogFinishEvent)",
+                )
+        if phase == "realtime":
+            self.say(f"{name} switch", f"{name}: [bold]switch[/] to realtime (isBacklog=false)")
+        runs = instance.get_runs(filters=dg.RunsFilter(job_name=f"{name}_realtime_job"), limit=1)
+        if runs and runs[0].status == dg.DagsterRunStatus.STARTED:
+            config = runs[0].run_config.get("ops")
+            self.say(
+                f"{name} realtime",
+                f"{name}: realtime run {runs[0].run_id[:8]} started with {config}",
+            )
+            return 1
+        return 0
+
+    def _lag_line(self) -> None:
+        import sqlite3
+
+        with Topic(self.data_dir / "example" / "orders") as topic:
+            latest = sum(topic.latest_offsets().values())
+        parts = []
+        with sqlite3.connect(self.data_dir / "example" / "results.sqlite") as db:
+            for name in PIPELINES:
+                (reached,) = db.execute(
+                    "SELECT sum(reached) FROM backlog_buckets WHERE pipeline = ? AND generation "
+                    "= (SELECT max(generation) FROM backlog_buckets WHERE pipeline = ?)",
+                    (name, name),
+                ).fetchone()
+                lag = latest - (reached or 0)
+                self.lags[name].append(lag)
+                parts.append(f"{name} lag {lag:,} records")
+        console.print(
+            f"[dim]{time.monotonic() - self.started:6.1f}s[/] realtime: " + "; ".join(parts)
+        )
+
+
+def _summary(data_dir: Path, lags: dict[str, list[int]]) -> None:
+    import sqlite3
+
+    with sqlite3.connect(data_dir / "example" / "results.sqlite") as db:
+        for name in PIPELINES:
+            (gap,) = db.execute(
+                "SELECT (SELECT min(committed_at) FROM backlog_commits WHERE pipeline = :p AND "
+                "phase = 'realtime') - (SELECT max(committed_at) FROM backlog_commits WHERE "
+                "pipeline = :p AND phase = 'backlog')",
+                {"p": name},
+            ).fetchone()
+            lag = lags.get(name) or [0]
+            console.print(
+                f"{name}: switch gap (last backlog commit → first realtime commit) "
+                f"{gap if gap is None else f'{gap:.1f} s'}; realtime lag median "
+                f"{statistics.median(lag):,.0f} records, max {max(lag):,}"
+            )
+        for name, order in (
+            ("customer_totals", "total_amount DESC"),
+            ("region_minutes", "window_start DESC, region"),
+        ):
+            cursor = db.execute(f"SELECT * FROM {name} ORDER BY {order} LIMIT 5")
+            columns = [c[0] for c in cursor.description if not c[0].startswith("_")]
+            table = Table(title=f"{name}: top rows")
+            for column in columns:
+                table.add_column(column)
+            for row in cursor.fetchall():
+                values = dict(zip([c[0] for c in cursor.description], row, strict=True))
+                table.add_row(
+                    *(
+                        f"{values[c]:,.2f}" if isinstance(values[c], float) else str(values[c])
+                        for c in columns
+                    )
+                )
+            console.print(table)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _wait_for_server(port: int, server: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2):
+                return
+        except OSError:
+            if server.poll() is not None:
+                break
+            time.sleep(0.5)
+    raise click.ClickException("dagster dev did not start; see its log in the data dir")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sqlite3
 import time
 from pathlib import Path
@@ -42,6 +45,19 @@ def wait_until(condition, timeout: float, what: str, tick=None) -> None:  # type
         if tick is not None:
             tick()
         time.sleep(1)
+
+
+def kill_run_worker(instance: dg.DagsterInstance, run_id: str) -> None:
+    """SIGKILL every process that logged events for ``run_id``: run worker and step."""
+    pids = {
+        entry.dagster_event.pid
+        for entry in instance.all_logs(run_id)
+        if entry.dagster_event is not None and entry.dagster_event.pid
+    }
+    assert pids, f"no process logged for {run_id}"
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def runs_of(instance: dg.DagsterInstance, job: str) -> list[dg.DagsterRun]:
@@ -114,7 +130,35 @@ def test_sensor_runs_backlog_then_switches_to_realtime_with_its_own_config(
             ["customer_id"],
         )
 
-        run_id = realtime_runs[0].run_id
+        # The realtime run's process dies: the sensor notices the silent heartbeat, marks
+        # the run failed and starts another, which continues from the sink's offsets.
+        dead = realtime_runs[0].run_id
+        kill_run_worker(instance, dead)
+        append_orders(topic, 5_000)
+
+        def restarted() -> bool:
+            runs = runs_of(instance, "customer_totals_realtime_job")
+            return len(runs) == 2 and runs[0].status == dg.DagsterRunStatus.STARTED
+
+        wait_until(restarted, 300, "the sensor to restart the dead realtime run")
+        assert instance.get_run_by_id(dead).status == dg.DagsterRunStatus.FAILURE  # type: ignore[union-attr]
+        append_orders(topic, 5_000)
+        wait_until(
+            lambda: sink_state(tmp_path, "customer_totals")[1] == topic.latest_offsets(),
+            300,
+            "the restarted run to catch up",
+        )
+        with sqlite3.connect(tmp_path / "example" / "results.sqlite") as db:
+            results = pd.read_sql("SELECT * FROM customer_totals", db)
+        with Topic(topic.path) as log:
+            oracle = customer_totals_oracle(records_up_to(log, log.latest_offsets()))
+        assert_same(
+            results,
+            oracle[["customer_id", "total_amount", "orders", "largest_amount"]],
+            ["customer_id"],
+        )
+
+        run_id = runs_of(instance, "customer_totals_realtime_job")[0].run_id
         client.terminate_run(run_id)
         wait_until(
             lambda: (
@@ -125,5 +169,5 @@ def test_sensor_runs_backlog_then_switches_to_realtime_with_its_own_config(
             "the cancellation",
         )
         time.sleep(15)  # three sensor ticks: a cancelled realtime run stays cancelled
-        assert len(runs_of(instance, "customer_totals_realtime_job")) == 1
+        assert len(runs_of(instance, "customer_totals_realtime_job")) == 2
         instance.dispose()

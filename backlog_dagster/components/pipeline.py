@@ -164,16 +164,20 @@ def realtime_asset(pipeline: PipelineConfig) -> dg.AssetsDefinition:
         from backlog_dagster.phases.realtime import run_realtime
         from backlog_dagster.spark.session import get_session
 
-        spark = get_session(pipeline.spark_master, app_name=f"realtime-{pipeline.name}")
         checkpoint = (
             Path(pipeline.sink.path).parent / "checkpoints" / pipeline.name / context.run_id
         )
-
-        def report(status: "RealtimeStatus") -> None:
-            context.log_event(dg.AssetObservation(asset_key=key, metadata=status_metadata(status)))
-
         try:
             with open_sink(pipeline) as sink, open_sink(pipeline) as status_sink:
+                status_sink.beat(context.run_id)  # alive, before Spark's slow start
+                spark = get_session(pipeline.spark_master, app_name=f"realtime-{pipeline.name}")
+
+                def report(status: "RealtimeStatus") -> None:
+                    status_sink.beat(context.run_id)
+                    context.log_event(
+                        dg.AssetObservation(asset_key=key, metadata=status_metadata(status))
+                    )
+
                 run_realtime(
                     spark,
                     pipeline,

@@ -12,7 +12,9 @@ Each tick (no Spark; well under Dagster's 60 s tick limit) reads the sink:
   (FLIP-309's isProcessingBacklog=false), report it (FLIP-327's RecordAttributes), and
   request the realtime run with the realtime configuration;
 - realtime phase, no realtime run active → restart it from the sink's offsets, unless
-  the user cancelled the last one and has not turned the sensor off and on since.
+  the user cancelled the last one and has not turned the sensor off and on since. A
+  realtime run that stopped beating its heartbeat in the sink (its process died, which
+  Dagster's default run launcher cannot see) is marked failed and restarted at once.
 
 Run keys make every request idempotent: two ticks never start two runs.
 """
@@ -26,6 +28,7 @@ from typing import Any
 import dagster as dg
 
 from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.sink.sqlite import PipelineState
 
 #: A failed run is restarted no sooner than this, so a persistent failure (a missing
 #: topic, say) does not launch a run every tick.
@@ -150,6 +153,15 @@ def switch_sensor(
             runs = context.instance.get_runs(filters=dg.RunsFilter(job_name=job), limit=1)
             last = runs[0] if runs else None
             attempt = cursor.get(attempt_field, 1) if generation is not None else 1
+            died = last is not None and phase == "realtime" and _silent(context, sink, last, config)
+            if died:
+                assert last is not None
+                context.instance.report_run_failed(
+                    last,
+                    f"no heartbeat for {config.switch.heartbeat_timeout:g} s: the run's "
+                    "process is gone; the switch sensor restarts the realtime phase",
+                )
+                last = context.instance.get_run_by_id(last.run_id)
             if last is not None and last.status in ACTIVE:
                 skip = f"{phase} run {last.run_id} is active"
             elif (
@@ -165,6 +177,7 @@ def switch_sensor(
                 last is not None
                 and last.status == dg.DagsterRunStatus.FAILURE
                 and _ended_ago(context, last) < RETRY_AFTER_S
+                and not died
             ):
                 skip = f"the {phase} run {last.run_id} failed; retrying {RETRY_AFTER_S} s after"
             else:
@@ -190,6 +203,20 @@ def switch_sensor(
         )
 
     return switch
+
+
+def _silent(
+    context: dg.SensorEvaluationContext,
+    state: PipelineState,
+    run: dg.DagsterRun,
+    config: PipelineConfig,
+) -> bool:
+    """A started run that has not beaten its heartbeat within the timeout."""
+    if run.status != dg.DagsterRunStatus.STARTED:
+        return False
+    stats = context.instance.get_run_stats(run.run_id)
+    seen = max(state.last_beat(run.run_id) or 0, stats.start_time or 0, stats.launch_time or 0)
+    return time.time() - seen > config.switch.heartbeat_timeout
 
 
 def _ended_ago(context: dg.SensorEvaluationContext, run: dg.DagsterRun) -> float:

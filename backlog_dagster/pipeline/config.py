@@ -180,7 +180,10 @@ class RealtimeConfig(Frozen):
         4, gt=0, description="Fixed, small shuffle partition count of the streaming query."
     )
     max_records_per_trigger: int | None = Field(
-        None, gt=0, description="Read limit per micro-batch."
+        100_000,
+        gt=0,
+        description="Read limit per micro-batch, so the first batch after the switch (which "
+        "takes what arrived meanwhile) commits soon; null for no limit.",
     )
 
 
@@ -193,6 +196,12 @@ class SwitchConfig(Frozen):
     interval: Duration = Field(5, gt=0, description="Seconds between the sensor's ticks.")
     status_every: Duration = Field(
         5, gt=0, description="How often the realtime run reports offsets, lag and watermark."
+    )
+    heartbeat_timeout: Duration = Field(
+        60,
+        gt=0,
+        description="A realtime run silent this long (its process died) is marked failed and "
+        "restarted.",
     )
 
 

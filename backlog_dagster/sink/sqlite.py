@@ -7,7 +7,10 @@ against other processes). Results and progress live in the same file, so one
 transaction commits both.
 
 Tables: the results table as declared, plus ``backlog_generations`` and
-``backlog_buckets`` holding each pipeline's markers and progress, and for windowed
+``backlog_buckets`` holding each pipeline's markers and progress, ``backlog_heartbeats``
+(when each long-running run last said it was alive), ``backlog_phases``
+(the phase flag and its history), ``backlog_commits`` (when each commit landed, in
+which phase, how many records), and for windowed
 pipelines ``<table>_late``: records that arrived after the watermark had closed their
 window (bucket, offset, event time and the watermark then), kept instead of dropped.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
+from typing import Self
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -42,6 +46,19 @@ _STATE_TABLES = (
     reached INTEGER NOT NULL,
     PRIMARY KEY (pipeline, generation, bucket)
 )""",
+    """CREATE TABLE IF NOT EXISTS backlog_commits (
+    pipeline TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    phase TEXT NOT NULL,
+    committed_at REAL NOT NULL,
+    records INTEGER NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS backlog_heartbeats (
+    pipeline TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (pipeline, run_id)
+)""",
     """CREATE TABLE IF NOT EXISTS backlog_phases (
     pipeline TEXT NOT NULL,
     generation INTEGER NOT NULL,
@@ -52,12 +69,16 @@ _STATE_TABLES = (
 )
 
 
-class SqliteSink:
-    def __init__(self, path: Path | str, table: str, pipeline: str, layout: ResultLayout) -> None:
+class PipelineState:
+    """A pipeline's durable state in the sink's file: generations, progress, phases, commits.
+
+    Opened alone (by the sensor, the demo) it reads and records state without touching
+    the results table.
+    """
+
+    def __init__(self, path: Path | str, pipeline: str) -> None:
         self.path = Path(path)
-        self.table = table
         self.pipeline = pipeline
-        self.layout = layout
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # Spark calls foreachBatch functions on its own thread; one caller at a time.
         self._db = sqlite3.connect(
@@ -68,32 +89,15 @@ class SqliteSink:
         with self._transaction():
             for statement in _STATE_TABLES:
                 self._db.execute(statement)
-            self._db.execute(self._results_ddl())
-            if self.windowed:
-                self._db.execute(
-                    f"CREATE TABLE IF NOT EXISTS {_quote(self.late_table)} (bucket INTEGER, "
-                    '"offset" INTEGER, event_time TEXT, watermark TEXT, PRIMARY KEY '
-                    '(bucket, "offset"))'
-                )
-
-    @property
-    def windowed(self) -> bool:
-        return any(p.name == MAX_EVENT_TIME for p in self.layout.partials)
-
-    @property
-    def late_table(self) -> str:
-        return f"{self.table}_late"
 
     def close(self) -> None:
         self._db.close()
 
-    def __enter__(self) -> SqliteSink:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # -- state -----------------------------------------------------------------
 
     def current_generation(self) -> Generation | None:
         row = self._db.execute(
@@ -113,30 +117,6 @@ class SqliteSink:
             )
         }
         return Generation(number, created_at, reason, definition, buckets)
-
-    def start_generation(
-        self, buckets: dict[int, tuple[int, int]], reason: str, definition: str
-    ) -> Generation:
-        with self._transaction():
-            (top,) = self._db.execute(
-                "SELECT coalesce(max(generation), 0) FROM backlog_generations WHERE pipeline = ?",
-                (self.pipeline,),
-            ).fetchone()
-            self._db.execute(
-                "INSERT INTO backlog_generations VALUES (?, ?, ?, ?, ?)",
-                (self.pipeline, top + 1, time.time(), reason, definition),
-            )
-            self._insert_buckets(top + 1, buckets)
-            self._db.execute(
-                "INSERT INTO backlog_phases VALUES (?, ?, 'backlog', ?, ?)",
-                (self.pipeline, top + 1, time.time(), reason),
-            )
-            self._db.execute(f"DELETE FROM {_quote(self.table)}")
-            if self.windowed:
-                self._db.execute(f"DELETE FROM {_quote(self.late_table)}")
-        generation = self.current_generation()
-        assert generation is not None
-        return generation
 
     def track_buckets(self, generation: int, buckets: dict[int, tuple[int, int]]) -> Generation:
         with self._transaction():
@@ -176,7 +156,83 @@ class SqliteSink:
             (self.pipeline,),
         ).fetchall()
 
-    # -- results ---------------------------------------------------------------
+    def beat(self, run_id: str) -> None:
+        """A long-running run says it is alive (the sensor restarts runs that stop saying so)."""
+        with self._transaction():
+            self._db.execute(
+                "INSERT INTO backlog_heartbeats VALUES (?, ?, ?) "
+                "ON CONFLICT (pipeline, run_id) DO UPDATE SET at = excluded.at",
+                (self.pipeline, run_id, time.time()),
+            )
+
+    def last_beat(self, run_id: str) -> float | None:
+        row = self._db.execute(
+            "SELECT at FROM backlog_heartbeats WHERE pipeline = ? AND run_id = ?",
+            (self.pipeline, run_id),
+        ).fetchone()
+        return None if row is None else float(row[0])
+
+    def switch_gap(self, generation: int) -> float | None:
+        """Seconds from the backlog's last commit to the realtime phase's first one."""
+        (gap,) = self._db.execute(
+            "SELECT (SELECT min(committed_at) FROM backlog_commits WHERE pipeline = :p AND "
+            "generation = :g AND phase = 'realtime') - (SELECT max(committed_at) FROM "
+            "backlog_commits WHERE pipeline = :p AND generation = :g AND phase = 'backlog')",
+            {"p": self.pipeline, "g": generation},
+        ).fetchone()
+        return None if gap is None else float(gap)
+
+    def _transaction(self) -> _Transaction:
+        return _Transaction(self._db)
+
+
+class SqliteSink(PipelineState):
+    """The results table beside the state, merged and committed together."""
+
+    def __init__(self, path: Path | str, table: str, pipeline: str, layout: ResultLayout) -> None:
+        super().__init__(path, pipeline)
+        self.table = table
+        self.layout = layout
+        with self._transaction():
+            self._db.execute(self._results_ddl())
+            if self.windowed:
+                self._db.execute(
+                    f"CREATE TABLE IF NOT EXISTS {_quote(self.late_table)} (bucket INTEGER, "
+                    '"offset" INTEGER, event_time TEXT, watermark TEXT, PRIMARY KEY '
+                    '(bucket, "offset"))'
+                )
+
+    @property
+    def windowed(self) -> bool:
+        return any(p.name == MAX_EVENT_TIME for p in self.layout.partials)
+
+    @property
+    def late_table(self) -> str:
+        return f"{self.table}_late"
+
+    def start_generation(
+        self, buckets: dict[int, tuple[int, int]], reason: str, definition: str
+    ) -> Generation:
+        with self._transaction():
+            (top,) = self._db.execute(
+                "SELECT coalesce(max(generation), 0) FROM backlog_generations WHERE pipeline = ?",
+                (self.pipeline,),
+            ).fetchone()
+            self._db.execute(
+                "INSERT INTO backlog_generations VALUES (?, ?, ?, ?, ?)",
+                (self.pipeline, top + 1, time.time(), reason, definition),
+            )
+            self._insert_buckets(top + 1, buckets)
+            self._db.execute(
+                "INSERT INTO backlog_phases VALUES (?, ?, 'backlog', ?, ?)",
+                (self.pipeline, top + 1, time.time(), reason),
+            )
+            self._db.execute(f"DELETE FROM {_quote(self.table)}")
+            if self.windowed:
+                self._db.execute(f"DELETE FROM {_quote(self.late_table)}")
+        generation = self.current_generation()
+        assert generation is not None
+        return generation
 
     def commit(
         self,
@@ -215,6 +271,16 @@ class SqliteSink:
                 "UPDATE backlog_buckets SET reached = ? "
                 "WHERE pipeline = ? AND generation = ? AND bucket = ?",
                 [(offset, self.pipeline, generation, b) for b, offset in end.items()],
+            )
+            self._db.execute(
+                "INSERT INTO backlog_commits VALUES (?, ?, ?, ?, ?)",
+                (
+                    self.pipeline,
+                    generation,
+                    self.phase(),
+                    time.time(),
+                    sum(end[b] - start.get(b, end[b]) for b in end),
+                ),
             )
         return True
 
@@ -266,9 +332,6 @@ class SqliteSink:
             f"CREATE TABLE IF NOT EXISTS {_quote(self.table)} "
             f"({', '.join(columns)}, PRIMARY KEY ({keys}))"
         )
-
-    def _transaction(self) -> _Transaction:
-        return _Transaction(self._db)
 
 
 class _Transaction:
