@@ -171,3 +171,49 @@ def test_sensor_runs_backlog_then_switches_to_realtime_with_its_own_config(
         time.sleep(15)  # three sensor ticks: a cancelled realtime run stays cancelled
         assert len(runs_of(instance, "customer_totals_realtime_job")) == 2
         instance.dispose()
+
+
+def test_a_daemon_restart_mid_backlog_reports_each_bucket_once(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """Dagster (daemon, code server, the backlog run) stops mid-backlog and comes back."""
+    topic = make_topic(records=1_000_000, buckets=4, name="example/orders")
+    home = tmp_path / "dagster_home"
+    with dagster_dev(home, tmp_path):
+        instance = dg.DagsterInstance.from_config(str(home))
+        wait_until(
+            lambda: (
+                sum(sink_state(tmp_path, "customer_totals")[1].values()) == 0
+                and bool(sink_state(tmp_path, "customer_totals")[1])
+            ),
+            300,
+            "the backlog to take its markers",
+        )
+        first = runs_of(instance, "customer_totals_backlog_job")[0]
+    markers = topic.latest_offsets()  # nothing is appended in this test: the log's end
+    with dagster_dev(home, tmp_path):
+        wait_until(
+            lambda: sink_state(tmp_path, "customer_totals")[0] == "realtime",
+            600,
+            "the switch after the restart",
+        )
+        assert instance.get_run_by_id(first.run_id).status != dg.DagsterRunStatus.SUCCESS  # type: ignore[union-attr]
+        finishes = [
+            r.asset_observation.metadata["bucket"].value
+            for r in instance.fetch_observations(
+                dg.AssetKey("customer_totals_backlog"), limit=100
+            ).records
+            if r.asset_observation is not None and "bucket" in r.asset_observation.metadata
+        ]
+        assert sorted(finishes) == [0, 1, 2, 3]
+        assert sink_state(tmp_path, "customer_totals")[1] == markers
+        with sqlite3.connect(tmp_path / "example" / "results.sqlite") as db:
+            results = pd.read_sql("SELECT * FROM customer_totals", db)
+        with Topic(topic.path) as log:
+            oracle = customer_totals_oracle(records_up_to(log, markers))
+        assert_same(
+            results,
+            oracle[["customer_id", "total_amount", "orders", "largest_amount"]],
+            ["customer_id"],
+        )
+        instance.dispose()

@@ -16,7 +16,10 @@ the pipeline's backlog settings unless the run's config overrides them.
 """
 
 import os
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
@@ -26,7 +29,7 @@ from pydantic import BaseModel
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.results import layout_of
 from backlog_dagster.sink.base import BucketState
-from backlog_dagster.sink.sqlite import SqliteSink
+from backlog_dagster.sink.sqlite import PipelineState, SqliteSink
 
 if TYPE_CHECKING:
     from backlog_dagster.phases.backlog import BacklogReport
@@ -124,27 +127,56 @@ def backlog_asset(pipeline: PipelineConfig) -> dg.AssetsDefinition:
         from backlog_dagster.phases.backlog import run_backlog
         from backlog_dagster.spark.session import get_session
 
-        spark = get_session(pipeline.spark_master, app_name=f"backlog-{pipeline.name}")
-        settings = pipeline.backlog
-        if config.shuffle_partitions is not None:
-            partitions = config.shuffle_partitions
-            settings = settings.model_copy(
-                update={
-                    "shuffle_partitions": partitions if partitions == "auto" else int(partitions)
-                }
+        with heartbeat(pipeline, context.run_id):
+            spark = get_session(pipeline.spark_master, app_name=f"backlog-{pipeline.name}")
+            settings = pipeline.backlog
+            if config.shuffle_partitions is not None:
+                partitions = config.shuffle_partitions
+                settings = settings.model_copy(
+                    update={
+                        "shuffle_partitions": partitions
+                        if partitions == "auto"
+                        else int(partitions)
+                    }
+                )
+            spark.conf.set(
+                "spark.sql.adaptive.enabled", str(config.adaptive_query_execution).lower()
             )
-        spark.conf.set("spark.sql.adaptive.enabled", str(config.adaptive_query_execution).lower())
-        with open_sink(pipeline) as sink:
-            report = run_backlog(
-                spark,
-                pipeline.model_copy(update={"backlog": settings}),
-                sink,
-                checkpoint_interval=config.checkpoint_interval,
-                log=context.log.info,
-            )
+            with open_sink(pipeline) as sink:
+                report = run_backlog(
+                    spark,
+                    pipeline.model_copy(update={"backlog": settings}),
+                    sink,
+                    checkpoint_interval=config.checkpoint_interval,
+                    log=context.log.info,
+                )
         return dg.MaterializeResult(metadata=report_metadata(report))
 
     return backlog
+
+
+@contextmanager
+def heartbeat(pipeline: PipelineConfig, run_id: str) -> Iterator[None]:
+    """Beat the run's heartbeat in the sink from a thread while the block runs.
+
+    The backlog's Spark jobs can run for minutes without a commit; the heartbeat is how
+    the switch sensor tells a long job from a dead process.
+    """
+    done = threading.Event()
+
+    def beat() -> None:
+        with PipelineState(pipeline.sink.path, pipeline.name) as state:
+            while not done.is_set():
+                state.beat(run_id)
+                done.wait(pipeline.switch.status_every)
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{run_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def realtime_asset(pipeline: PipelineConfig) -> dg.AssetsDefinition:
@@ -168,12 +200,14 @@ def realtime_asset(pipeline: PipelineConfig) -> dg.AssetsDefinition:
             Path(pipeline.sink.path).parent / "checkpoints" / pipeline.name / context.run_id
         )
         try:
-            with open_sink(pipeline) as sink, open_sink(pipeline) as status_sink:
-                status_sink.beat(context.run_id)  # alive, before Spark's slow start
+            with (
+                heartbeat(pipeline, context.run_id),
+                open_sink(pipeline) as sink,
+                open_sink(pipeline) as status_sink,
+            ):
                 spark = get_session(pipeline.spark_master, app_name=f"realtime-{pipeline.name}")
 
                 def report(status: "RealtimeStatus") -> None:
-                    status_sink.beat(context.run_id)
                     context.log_event(
                         dg.AssetObservation(asset_key=key, metadata=status_metadata(status))
                     )

@@ -12,9 +12,11 @@ Each tick (no Spark; well under Dagster's 60 s tick limit) reads the sink:
   (FLIP-309's isProcessingBacklog=false), report it (FLIP-327's RecordAttributes), and
   request the realtime run with the realtime configuration;
 - realtime phase, no realtime run active → restart it from the sink's offsets, unless
-  the user cancelled the last one and has not turned the sensor off and on since. A
-  realtime run that stopped beating its heartbeat in the sink (its process died, which
-  Dagster's default run launcher cannot see) is marked failed and restarted at once.
+  the user cancelled the last one and has not turned the sensor off and on since.
+
+A backlog or realtime run that stopped beating its heartbeat in the sink (its process
+died, which Dagster's default run launcher cannot see) is marked failed and restarted at
+once, from the sink's progress.
 
 Run keys make every request idempotent: two ticks never start two runs.
 """
@@ -153,13 +155,13 @@ def switch_sensor(
             runs = context.instance.get_runs(filters=dg.RunsFilter(job_name=job), limit=1)
             last = runs[0] if runs else None
             attempt = cursor.get(attempt_field, 1) if generation is not None else 1
-            died = last is not None and phase == "realtime" and _silent(context, sink, last, config)
+            died = last is not None and _silent(context, sink, last, config)
             if died:
                 assert last is not None
                 context.instance.report_run_failed(
                     last,
                     f"no heartbeat for {config.switch.heartbeat_timeout:g} s: the run's "
-                    "process is gone; the switch sensor restarts the realtime phase",
+                    f"process is gone; the switch sensor restarts the {phase} phase",
                 )
                 last = context.instance.get_run_by_id(last.run_id)
             if last is not None and last.status in ACTIVE:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from backlog_dagster.log import Topic
+from backlog_dagster.phases.lock import exclusive_run
 from backlog_dagster.phases.markers import current_generation
 from backlog_dagster.phases.transform import partial_results
 from backlog_dagster.pipeline.config import PipelineConfig
@@ -71,7 +72,21 @@ def run_backlog(
     checkpoint_interval: float | None = None,
     log: Callable[[str], None] = print,
 ) -> BacklogReport:
-    """Process the backlog up to the markers; return what was done."""
+    """Process the backlog up to the markers; return what was done.
+
+    Refused (``PhaseAlreadyRunning``) while another run of the pipeline is going.
+    """
+    with exclusive_run(config, "backlog"):
+        return _run_backlog(spark, config, sink, checkpoint_interval, log)
+
+
+def _run_backlog(
+    spark: SparkSession,
+    config: PipelineConfig,
+    sink: Sink,
+    checkpoint_interval: float | None,
+    log: Callable[[str], None],
+) -> BacklogReport:
     interval = (
         config.backlog.checkpoint_interval if checkpoint_interval is None else checkpoint_interval
     )

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backlog_dagster.log import Topic
+from backlog_dagster.phases.lock import exclusive_run
 from backlog_dagster.phases.markers import current_generation
 from backlog_dagster.phases.transform import partial_results, window_end
 from backlog_dagster.pipeline.config import PipelineConfig
@@ -79,7 +80,39 @@ def run_realtime(
     checkpoint_interval: float | None = None,
     shuffle_partitions: int | None = None,
 ) -> RealtimeStatus:
-    """Run micro-batches until ``should_stop()``; ``status_sink`` is a second connection."""
+    """Run micro-batches until ``should_stop()``; ``status_sink`` is a second connection.
+
+    Refused (``PhaseAlreadyRunning``) while another run of the pipeline is going.
+    """
+    with exclusive_run(config, "realtime"):
+        return _run_realtime(
+            spark,
+            config,
+            sink,
+            status_sink,
+            checkpoint_dir,
+            should_stop,
+            log,
+            on_status,
+            status_every_s,
+            checkpoint_interval,
+            shuffle_partitions,
+        )
+
+
+def _run_realtime(
+    spark: SparkSession,
+    config: PipelineConfig,
+    sink: Sink,
+    status_sink: Sink,
+    checkpoint_dir: Path,
+    should_stop: Callable[[], bool],
+    log: Callable[[str], None],
+    on_status: Callable[[RealtimeStatus], None],
+    status_every_s: float,
+    checkpoint_interval: float | None,
+    shuffle_partitions: int | None,
+) -> RealtimeStatus:
     with Topic(config.source.path) as topic:
         generation = current_generation(sink, topic, config, log)
     if not generation.finished:
