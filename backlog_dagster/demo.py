@@ -10,16 +10,10 @@ the UI does, stops everything, and prints the results' top rows and the switch g
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +21,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from backlog_dagster.components.dev_server import dagster_dev
 from backlog_dagster.log.cli import progress_bar
 from backlog_dagster.log.topic import Topic, create_topic
 from backlog_dagster.log.workload import (
@@ -99,42 +94,16 @@ def demo(
     )
     producer.start()
 
-    home = data_dir / "dagster_home"
-    home.mkdir(parents=True)
-    port = _free_port()
-    log = (data_dir / "dagster-dev.log").open("w")
-    server = subprocess.Popen(
-        [
-            str(Path(sys.executable).with_name("dagster")),
-            "dev",
-            "-w",
-            "workspace.yaml",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(port),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, "DAGSTER_HOME": str(home), "BACKLOG_DAGSTER_DATA": str(data_dir)},
-    )
     started = time.monotonic()
     try:
-        _wait_for_server(port, server)
-        console.print(
-            f"[dim]{0:6.1f}s[/] dagster dev up on http://127.0.0.1:{port} (log: {log.name})"
-        )
-        lags = Timeline(data_dir, home, port, started).run(realtime_seconds)
+        with dagster_dev(Path.cwd(), data_dir / "dagster_home", data_dir) as server:
+            console.print(f"[dim]{0:6.1f}s[/] dagster dev up on {server.url} (log: {server.log})")
+            lags = Timeline(data_dir, data_dir / "dagster_home", server.port, started).run(
+                realtime_seconds
+            )
     finally:
         stop_producer.set()
         producer.join(30)
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        log.close()
     _summary(data_dir, lags)
 
 
@@ -287,22 +256,3 @@ def _summary(data_dir: Path, lags: dict[str, list[int]]) -> None:
                     )
                 )
             console.print(table)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _wait_for_server(port: int, server: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2):
-                return
-        except OSError:
-            if server.poll() is not None:
-                break
-            time.sleep(0.5)
-    raise click.ClickException("dagster dev did not start; see its log in the data dir")

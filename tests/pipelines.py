@@ -99,3 +99,17 @@ def assert_same(results: pd.DataFrame, oracle: pd.DataFrame, keys: list[str]) ->
     want = oracle.sort_values(keys).reset_index(drop=True)
     assert len(got) == len(want)
     pd.testing.assert_frame_equal(got, want, check_dtype=False, rtol=1e-9)
+
+
+def assert_example_customer_totals(
+    data: Path, topic_path: Path, up_to: dict[int, int] | None = None
+) -> None:
+    """The example project's customer_totals table equals the oracle over the log."""
+    import sqlite3
+
+    with sqlite3.connect(data / "example" / "results.sqlite") as db:
+        results = pd.read_sql("SELECT * FROM customer_totals", db)
+    with Topic(topic_path) as topic:
+        oracle = customer_totals_oracle(records_up_to(topic, up_to or topic.latest_offsets()))
+    columns = ["customer_id", "total_amount", "orders", "largest_amount"]
+    assert_same(results, oracle[columns], ["customer_id"])

@@ -10,11 +10,9 @@ import time
 from pathlib import Path
 
 import dagster as dg
-import pandas as pd
 
-from backlog_dagster.log import Topic
 from tests.conftest import MakeTopic
-from tests.pipelines import assert_same, customer_totals_oracle, records_up_to
+from tests.pipelines import assert_example_customer_totals
 
 ROOT = Path(__file__).resolve().parent.parent
 DAGSTER = str(Path(sys.executable).with_name("dagster"))
@@ -76,14 +74,7 @@ def test_example_assets_materialize_through_the_dagster_cli(tmp_path: Path) -> N
         ]
         assert metadata("region_minutes_backlog")["rows_read"] == 60_000
 
-    import sqlite3
-
-    with sqlite3.connect(tmp_path / "example" / "results.sqlite") as db:
-        results = pd.read_sql("SELECT * FROM customer_totals", db)
-    with Topic(tmp_path / "example" / "orders") as topic:
-        oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
-    oracle = oracle[["customer_id", "total_amount", "orders", "largest_amount"]]
-    assert_same(results, oracle, ["customer_id"])
+    assert_example_customer_totals(tmp_path, tmp_path / "example" / "orders")
 
 
 def test_backlog_job_launched_as_the_ui_does_runs_on_the_daemon(
@@ -124,13 +115,5 @@ def test_backlog_job_launched_as_the_ui_does_runs_on_the_daemon(
                 assert time.monotonic() < deadline, "the backlog never materialized"
                 time.sleep(1)
             assert rows_read() == 60_000
-    import sqlite3
 
-    with sqlite3.connect(tmp_path / "example" / "results.sqlite") as db:
-        results = pd.read_sql("SELECT * FROM customer_totals", db)
-    oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
-    assert_same(
-        results,
-        oracle[["customer_id", "total_amount", "orders", "largest_amount"]],
-        ["customer_id"],
-    )
+    assert_example_customer_totals(tmp_path, topic.path)

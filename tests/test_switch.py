@@ -10,12 +10,10 @@ import time
 from pathlib import Path
 
 import dagster as dg
-import pandas as pd
 
-from backlog_dagster.log import Topic
 from tests.conftest import MakeTopic, append_orders
 from tests.dagster_server import dagster_dev
-from tests.pipelines import assert_same, customer_totals_oracle, records_up_to
+from tests.pipelines import assert_example_customer_totals
 
 
 def sink_state(data: Path, pipeline: str) -> tuple[str, dict[int, int]]:
@@ -120,15 +118,7 @@ def test_sensor_runs_backlog_then_switches_to_realtime_with_its_own_config(
         ]
         assert len(switch) == 1 and switch[0]["is_backlog"].value is False
 
-        with sqlite3.connect(tmp_path / "example" / "results.sqlite") as db:
-            results = pd.read_sql("SELECT * FROM customer_totals", db)
-        with Topic(topic.path) as log:
-            oracle = customer_totals_oracle(records_up_to(log, log.latest_offsets()))
-        assert_same(
-            results,
-            oracle[["customer_id", "total_amount", "orders", "largest_amount"]],
-            ["customer_id"],
-        )
+        assert_example_customer_totals(tmp_path, topic.path)
 
         # The realtime run's process dies: the sensor notices the silent heartbeat, marks
         # the run failed and starts another, which continues from the sink's offsets.
@@ -148,15 +138,7 @@ def test_sensor_runs_backlog_then_switches_to_realtime_with_its_own_config(
             300,
             "the restarted run to catch up",
         )
-        with sqlite3.connect(tmp_path / "example" / "results.sqlite") as db:
-            results = pd.read_sql("SELECT * FROM customer_totals", db)
-        with Topic(topic.path) as log:
-            oracle = customer_totals_oracle(records_up_to(log, log.latest_offsets()))
-        assert_same(
-            results,
-            oracle[["customer_id", "total_amount", "orders", "largest_amount"]],
-            ["customer_id"],
-        )
+        assert_example_customer_totals(tmp_path, topic.path)
 
         run_id = runs_of(instance, "customer_totals_realtime_job")[0].run_id
         client.terminate_run(run_id)
@@ -207,13 +189,5 @@ def test_a_daemon_restart_mid_backlog_reports_each_bucket_once(
         ]
         assert sorted(finishes) == [0, 1, 2, 3]
         assert sink_state(tmp_path, "customer_totals")[1] == markers
-        with sqlite3.connect(tmp_path / "example" / "results.sqlite") as db:
-            results = pd.read_sql("SELECT * FROM customer_totals", db)
-        with Topic(topic.path) as log:
-            oracle = customer_totals_oracle(records_up_to(log, markers))
-        assert_same(
-            results,
-            oracle[["customer_id", "total_amount", "orders", "largest_amount"]],
-            ["customer_id"],
-        )
+        assert_example_customer_totals(tmp_path, topic.path, markers)
         instance.dispose()
