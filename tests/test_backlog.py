@@ -133,7 +133,7 @@ def test_reset_starts_a_new_generation_and_a_changed_definition_is_refused(
         current_generation(sink, topic, changed, print)
 
 
-def start_backlog(defs: Path, data: Path, phase: str = "backlog") -> subprocess.Popen[str]:
+def start_phase(defs: Path, data: Path, phase: str = "backlog") -> subprocess.Popen[str]:
     """Run ``backlog-dagster pipeline <phase> defs.yaml`` in its own process group."""
     cli = str(Path(sys.executable).with_name("backlog-dagster"))
     return subprocess.Popen(
@@ -172,7 +172,7 @@ def test_a_killed_backlog_keeps_its_markers_and_recovers_exactly(
         }
     )
     defs = write_defs(tmp_path / "defs" / "customer_totals", relative)
-    run = start_backlog(defs, tmp_path)
+    run = start_phase(defs, tmp_path)
     assert run.stdout is not None
     for line in run.stdout:
         if "records to read up to the markers" in line:
@@ -195,7 +195,7 @@ def test_a_killed_backlog_keeps_its_markers_and_recovers_exactly(
         else:
             assert sum(reached.values()) == 0 and sink.read_results().num_rows == 0
     append_orders(topic, 20_000)  # the log moves on; the markers must not
-    rerun = start_backlog(defs, tmp_path)
+    rerun = start_phase(defs, tmp_path)
     output, _ = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, output
     assert markers_of(config) == markers

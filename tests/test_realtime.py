@@ -27,7 +27,7 @@ from tests.pipelines import (
     region_minutes_oracle,
     write_defs,
 )
-from tests.test_backlog import kill_all, start_backlog, wait_for
+from tests.test_backlog import kill_all, start_phase, wait_for
 
 
 def reached(config: PipelineConfig) -> dict[int, int]:
@@ -164,7 +164,7 @@ def test_a_killed_realtime_run_restarts_with_no_loss_or_duplicate(
     )
     defs = write_defs(tmp_path / "defs" / "customer_totals", relative)
     done = sum(reached(config).values())
-    run = start_backlog(defs, tmp_path, phase="realtime")
+    run = start_phase(defs, tmp_path, phase="realtime")
     deadline = time.monotonic() + 180
     while sum(reached(config).values()) == done:  # live load until a batch commits
         assert time.monotonic() < deadline, "the realtime run committed nothing"
@@ -175,7 +175,7 @@ def test_a_killed_realtime_run_restarts_with_no_loss_or_duplicate(
     kill_all(run)
     assert done < sum(reached(config).values()) < sum(topic.latest_offsets().values())
     append_orders(topic, 5_000)
-    rerun = start_backlog(defs, tmp_path, phase="realtime")
+    rerun = start_phase(defs, tmp_path, phase="realtime")
     wait_for(lambda: reached(config) == topic.latest_offsets(), timeout=180)
     rerun.send_signal(signal.SIGTERM)  # the driver only: it stops the query itself
     output, _ = rerun.communicate(timeout=120)
