@@ -180,14 +180,20 @@ def test_a_daemon_restart_mid_backlog_reports_each_bucket_once(
             "the switch after the restart",
         )
         assert instance.get_run_by_id(first.run_id).status != dg.DagsterRunStatus.SUCCESS  # type: ignore[union-attr]
-        finishes = [
-            r.asset_observation.metadata["bucket"].value
-            for r in instance.fetch_observations(
-                dg.AssetKey("customer_totals_backlog"), limit=100
-            ).records
-            if r.asset_observation is not None and "bucket" in r.asset_observation.metadata
-        ]
-        assert sorted(finishes) == [0, 1, 2, 3]
+
+        def finishes() -> list[int]:
+            return sorted(
+                r.asset_observation.metadata["bucket"].value
+                for r in instance.fetch_observations(
+                    dg.AssetKey("customer_totals_backlog"), limit=100
+                ).records
+                if r.asset_observation is not None and "bucket" in r.asset_observation.metadata
+            )
+
+        # The daemon stores a tick's events after the tick has flipped the phase in the sink.
+        wait_until(lambda: len(finishes()) >= 4, 60, "the finish events")
+        time.sleep(10)  # two more ticks: none may repeat a bucket
+        assert finishes() == [0, 1, 2, 3]
         assert sink_state(tmp_path, "customer_totals")[1] == markers
         assert_example_customer_totals(tmp_path, topic.path, markers)
         instance.dispose()

@@ -128,6 +128,11 @@ def switch_sensor(
             number = 0 if generation is None else generation.number
             if phase == "backlog" and generation is not None and generation.finished:
                 sink.record_phase(number, "realtime", "every bucket reached its marker")
+                phase = "realtime"
+            if phase == "realtime" and generation is not None and not cursor.get("switched"):
+                # Reported from the cursor, not from the flip above: a tick that died after
+                # recording the phase still gets its event reported by the next one.
+                cursor["switched"] = True
                 events.append(
                     dg.AssetObservation(
                         asset_key=realtime_key,
@@ -139,7 +144,6 @@ def switch_sensor(
                         },
                     )
                 )
-                phase = "realtime"
             if phase == "backlog":
                 job, attempt_field, run_config = (
                     backlog_job,
