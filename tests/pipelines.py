@@ -45,7 +45,19 @@ def pipeline(
     )
 
 
-def write_defs(folder: Path, config: PipelineConfig) -> Path:
+def write_defs(folder: Path, config: PipelineConfig, data: Path | None = None) -> Path:
+    """Write ``config`` as a defs.yaml; with ``data``, its paths relative to that data root."""
+    if data is not None:
+        config = config.model_copy(
+            update={
+                "source": config.source.model_copy(
+                    update={"path": str(Path(config.source.path).relative_to(data))}
+                ),
+                "sink": config.sink.model_copy(
+                    update={"path": str(Path(config.sink.path).relative_to(data))}
+                ),
+            }
+        )
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "defs.yaml"
     path.write_text(

@@ -165,13 +165,7 @@ def test_a_killed_backlog_keeps_its_markers_and_recovers_exactly(
 ) -> None:
     topic = make_topic(records=200_000 if interval else 400_000, buckets=4)
     config = pipeline(tmp_path, CUSTOMER_TOTALS, backlog={"checkpoint_interval": interval})
-    relative = config.model_copy(
-        update={
-            "source": config.source.model_copy(update={"path": "orders"}),
-            "sink": config.sink.model_copy(update={"path": "results.sqlite"}),
-        }
-    )
-    defs = write_defs(tmp_path / "defs" / "customer_totals", relative)
+    defs = write_defs(tmp_path / "defs" / "customer_totals", config, data=tmp_path)
     run = start_phase(defs, tmp_path)
     assert run.stdout is not None
     for line in run.stdout:

@@ -156,13 +156,7 @@ def test_a_killed_realtime_run_restarts_with_no_loss_or_duplicate(
     config = pipeline(tmp_path, CUSTOMER_TOTALS, realtime={"checkpoint_interval": 0.3})
     with open_sink(config) as sink:
         run_backlog(spark, config, sink, log=print)
-    relative = config.model_copy(
-        update={
-            "source": config.source.model_copy(update={"path": "orders"}),
-            "sink": config.sink.model_copy(update={"path": "results.sqlite"}),
-        }
-    )
-    defs = write_defs(tmp_path / "defs" / "customer_totals", relative)
+    defs = write_defs(tmp_path / "defs" / "customer_totals", config, data=tmp_path)
     done = sum(reached(config).values())
     run = start_phase(defs, tmp_path, phase="realtime")
     deadline = time.monotonic() + 180
