@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -49,10 +50,15 @@ def make_topic(tmp_path: Path) -> Iterator[MakeTopic]:
         topic.close()
 
 
-def append_orders(topic: Topic, records: int, seed: int = 3) -> None:
-    """Append ``records`` orders whose order ids continue the topic's count."""
+def append_orders(topic: Topic, records: int, seed: int = 3, live: bool = False) -> None:
+    """Append ``records`` orders whose order ids continue the topic's count.
+
+    Their times lie in a fixed 100 s of 2026-09-21, or with ``live`` in the last second.
+    """
     if records == 0:
         return
+    end_us = time.time_ns() // 1000 if live else 1_790_000_100_000_000
+    start_us = end_us - (1_000_000 if live else 100_000_000)
     first = sum(b.latest for b in topic.bounds().values())
     rng = np.random.default_rng(seed + first)
     table, buckets = orders(
@@ -60,8 +66,8 @@ def append_orders(topic: Topic, records: int, seed: int = 3) -> None:
         Customers.make(len(topic.buckets())),
         first,
         records,
-        1_790_000_000_000_000,
-        1_790_000_100_000_000,
+        start_us,
+        end_us,
     )
     append_by_bucket(topic, table, buckets)
 

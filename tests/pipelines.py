@@ -125,3 +125,25 @@ def assert_example_customer_totals(
         oracle = customer_totals_oracle(records_up_to(topic, up_to or topic.latest_offsets()))
     columns = ["customer_id", "total_amount", "orders", "largest_amount"]
     assert_same(results, oracle[columns], ["customer_id"])
+
+
+def assert_example_region_minutes(data: Path, topic_path: Path) -> None:
+    """The example's region_minutes table equals the oracle over every record not held late."""
+    import sqlite3
+
+    with sqlite3.connect(data / "example" / "results.sqlite") as db:
+        results = pd.read_sql("SELECT * FROM region_minutes", db)
+        late = set(db.execute('SELECT bucket, "offset" FROM region_minutes_late').fetchall())
+    frames = []
+    with Topic(topic_path) as topic:
+        for bucket, bounds in topic.bounds().items():
+            offset = bounds.earliest
+            for batch in topic.read(bucket, bounds.earliest, bounds.latest):
+                frame = batch.to_pandas()
+                frame["_key"] = [(bucket, offset + i) for i in range(len(frame))]
+                frames.append(frame)
+                offset += len(frame)
+    records = pd.concat(frames, ignore_index=True)
+    kept = records[~records["_key"].isin(late)]
+    oracle = region_minutes_oracle(kept)
+    assert_same(results, oracle, ["region", "window_start"])

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
 import dagster as dg
 
+from backlog_dagster.log import Topic
 from tests.conftest import MakeTopic, append_orders
 from tests.dagster_server import dagster_dev
-from tests.pipelines import assert_example_customer_totals
+from tests.pipelines import assert_example_customer_totals, assert_example_region_minutes
 
 
 def sink_state(data: Path, pipeline: str) -> tuple[str, dict[int, int]]:
@@ -85,7 +88,7 @@ def test_sensor_runs_backlog_then_switches_to_realtime_with_its_own_config(
 
         wait_until(realtime_running, 300, "the realtime run")
         for _ in range(4):  # live records while realtime runs
-            append_orders(topic, 3_000)
+            append_orders(topic, 3_000, live=True)
             time.sleep(1)
         wait_until(
             lambda: sink_state(tmp_path, "customer_totals")[1] == topic.latest_offsets(),
@@ -106,7 +109,7 @@ def test_sensor_runs_backlog_then_switches_to_realtime_with_its_own_config(
             for r in instance.fetch_observations(
                 dg.AssetKey("customer_totals_backlog"), limit=100
             ).records
-            if r.asset_observation is not None
+            if r.asset_observation is not None and "bucket" in r.asset_observation.metadata
         ]
         assert sorted(m["bucket"].value for m in finishes) == [0, 1, 2, 3]
         switch = [
@@ -124,7 +127,7 @@ def test_sensor_runs_backlog_then_switches_to_realtime_with_its_own_config(
         # the run failed and starts another, which continues from the sink's offsets.
         dead = realtime_runs[0].run_id
         kill_run_worker(instance, dead)
-        append_orders(topic, 5_000)
+        append_orders(topic, 5_000, live=True)
 
         def restarted() -> bool:
             runs = runs_of(instance, "customer_totals_realtime_job")
@@ -132,7 +135,7 @@ def test_sensor_runs_backlog_then_switches_to_realtime_with_its_own_config(
 
         wait_until(restarted, 300, "the sensor to restart the dead realtime run")
         assert instance.get_run_by_id(dead).status == dg.DagsterRunStatus.FAILURE  # type: ignore[union-attr]
-        append_orders(topic, 5_000)
+        append_orders(topic, 5_000, live=True)
         wait_until(
             lambda: sink_state(tmp_path, "customer_totals")[1] == topic.latest_offsets(),
             300,
@@ -196,4 +199,146 @@ def test_a_daemon_restart_mid_backlog_reports_each_bucket_once(
         assert finishes() == [0, 1, 2, 3]
         assert sink_state(tmp_path, "customer_totals")[1] == markers
         assert_example_customer_totals(tmp_path, topic.path, markers)
+        instance.dispose()
+
+
+class LiveProducer(threading.Thread):
+    """Appends live orders (event times of now) at about ``per_second`` until stopped."""
+
+    def __init__(self, topic_path: Path, per_second: int) -> None:
+        super().__init__(daemon=True)
+        self.topic_path, self.per_second = topic_path, per_second
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        with Topic(self.topic_path) as topic:
+            while not self.stopping.wait(0.5):
+                append_orders(topic, self.per_second // 2, live=True)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(30)
+
+
+def spark_jvms_of(instance: dg.DagsterInstance, run_id: str) -> list[int]:
+    """The Java processes started under the processes that logged events for ``run_id``."""
+    parents = {
+        entry.dagster_event.pid
+        for entry in instance.all_logs(run_id)
+        if entry.dagster_event is not None and entry.dagster_event.pid
+    }
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            text = stat.read_text()
+            pid, rest = int(text.split(" ", 1)[0]), text.rsplit(")", 1)[1].split()
+            names[pid] = text[text.index("(") + 1 : text.rindex(")")]
+            children.setdefault(int(rest[1]), []).append(pid)
+    found, todo = [], list(parents)
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            todo.append(child)
+            if names.get(child) == "java":
+                found.append(child)
+    return found
+
+
+def realtime_commits(data: Path, pipeline: str) -> int:
+    with sqlite3.connect(data / "example" / "results.sqlite") as db:
+        (count,) = db.execute(
+            "SELECT count(*) FROM backlog_commits WHERE pipeline = ? AND phase = 'realtime'",
+            (pipeline,),
+        ).fetchone()
+    return int(count)
+
+
+def phase_history(data: Path, pipeline: str) -> list[tuple[int, str, float | None, str]]:
+    path = data / "example" / "results.sqlite"
+    if not path.exists():
+        return []
+    with sqlite3.connect(path) as db:
+        return db.execute(
+            "SELECT generation, phase, lag_s, cause FROM backlog_phases WHERE pipeline = ? "
+            "ORDER BY rowid",
+            (pipeline,),
+        ).fetchall()
+
+
+def test_a_stalled_realtime_run_sends_the_pipeline_back_into_backlog_and_back(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """The example's region_minutes (lag threshold 2 min) through the real daemon."""
+    topic = make_topic(records=20_000, buckets=2, name="example/orders")
+    home = tmp_path / "dagster_home"
+    producer = LiveProducer(topic.path, per_second=1_000)
+    producer.start()
+    with dagster_dev(home, tmp_path):
+        instance = dg.DagsterInstance.from_config(str(home))
+
+        def realtime_run() -> dg.DagsterRun | None:
+            runs = runs_of(instance, "region_minutes_realtime_job")
+            started = [r for r in runs if r.status == dg.DagsterRunStatus.STARTED]
+            return started[0] if started else None
+
+        def committed_live() -> bool:
+            return realtime_run() is not None and realtime_commits(tmp_path, "region_minutes") > 0
+
+        wait_until(committed_live, 400, "region_minutes to commit in realtime")
+        run = realtime_run()
+        assert run is not None
+        stalled = spark_jvms_of(instance, run.run_id)
+        assert stalled, "no Spark JVM under the realtime run"
+        for pid in stalled:  # the query stalls; the run's heartbeat goes on
+            os.kill(pid, signal.SIGSTOP)
+        try:
+
+            def went_back() -> bool:
+                history = phase_history(tmp_path, "region_minutes")
+                return any(
+                    a[1] == "realtime" and b[1] == "backlog" and b[2] is not None
+                    for a, b in itertools.pairwise(history)
+                )
+
+            wait_until(went_back, 300, "the way back into backlog")
+        finally:
+            for pid in stalled:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        way_back = len(phase_history(tmp_path, "region_minutes"))
+        wait_until(
+            lambda: any(
+                p == "realtime"
+                for _, p, _, _ in phase_history(tmp_path, "region_minutes")[way_back:]
+            ),
+            400,
+            "the switch back to realtime",
+        )
+        wait_until(lambda: realtime_run() is not None, 300, "the next realtime run")
+        producer.stop()
+        wait_until(
+            lambda: sink_state(tmp_path, "region_minutes")[1] == topic.latest_offsets(),
+            300,
+            "realtime to catch up",
+        )
+        history = phase_history(tmp_path, "region_minutes")
+        print("\nregion_minutes phase history:")
+        for generation, phase, lag, cause in history:
+            print(f"  g{generation} {phase:8} lag={lag} {cause}")
+        back = next(
+            b for a, b in itertools.pairwise(history) if a[1] == "realtime" and b[1] == "backlog"
+        )
+        assert back[2] > 120 and "above the threshold 120 s" in back[3]
+        # The stalled run ended by itself once it could see its generation was replaced.
+        assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.SUCCESS  # type: ignore[union-attr]
+        observed = [
+            r.asset_observation.metadata
+            for r in instance.fetch_observations(
+                dg.AssetKey("region_minutes_backlog"), limit=200
+            ).records
+            if r.asset_observation is not None and "is_backlog" in r.asset_observation.metadata
+        ]
+        assert any(m["generation"].value == back[0] and "watermark_lag_s" in m for m in observed)
+        assert_example_region_minutes(tmp_path, topic.path)
         instance.dispose()

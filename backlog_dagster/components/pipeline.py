@@ -95,6 +95,7 @@ class BacklogPipeline(dg.Component):
         ]
         return dg.Definitions(
             assets=[backlog_asset(config), realtime_asset(config)],
+            asset_checks=[keeps_up_check(config)],
             jobs=jobs,
             sensors=[switch_sensor(config, jobs)],
         )
@@ -229,6 +230,29 @@ def realtime_asset(pipeline: PipelineConfig) -> dg.AssetsDefinition:
             shutil.rmtree(checkpoint, ignore_errors=True)
 
     return realtime
+
+
+def keeps_up_check(pipeline: PipelineConfig) -> dg.AssetChecksDefinition:
+    @dg.asset_check(
+        asset=f"{pipeline.name}_realtime",
+        name="keeps_up",
+        description="Warns when the pipeline keeps going back from realtime into backlog: "
+        "realtime cannot keep up with the input. The switch sensor reports it at each phase "
+        "change; running it reads the phase history now.",
+    )
+    def keeps_up() -> dg.AssetCheckResult:
+        from backlog_dagster.components.switch import keeps_up_verdict
+
+        with PipelineState(pipeline.sink.path, pipeline.name) as state:
+            passed, description, count = keeps_up_verdict(state.phase_history(), time.time())
+        return dg.AssetCheckResult(
+            passed=passed,
+            severity=dg.AssetCheckSeverity.WARN,
+            description=description,
+            metadata={"way_backs_last_hour": count},
+        )
+
+    return keeps_up
 
 
 def status_metadata(status: "RealtimeStatus") -> dict[str, dg.MetadataValue]:

@@ -1,18 +1,23 @@
-"""The switch: a sensor per pipeline that watches each bucket's progress against its marker.
+"""The switch: a sensor per pipeline that decides its phase and keeps one run going.
 
-Each tick (no Spark; well under Dagster's 60 s tick limit) reads the sink:
+Each tick (no Spark; well under Dagster's 60 s tick limit) reads the sink, and the log
+where the watermark-lag strategy needs it:
 
 - no markers yet → request the backlog run (which takes them);
 - a bucket that reached its marker for the first time → one asset observation naming
   bucket, marker and offset reached (the Fluss seed's BacklogFinishEvent); the set of
   reported buckets lives in the cursor, so restarts of the sensor or daemon do not
   report a bucket twice;
-- backlog phase, every bucket through (progress only moves with committed results, so
-  an empty read or a restarted run never counts) → record the phase change in the sink
-  (FLIP-309's isProcessingBacklog=false), report it (FLIP-327's RecordAttributes), and
-  request the realtime run with the realtime configuration;
-- realtime phase, no realtime run active → restart it from the sink's offsets, unless
-  the user cancelled the last one and has not turned the sensor off and on since.
+- the phase the pipeline should be in (``phases.policy``: markers, watermark lag, the
+  way back, its guard against flapping); a change is recorded in the sink's phase
+  history (FLIP-309's isProcessingBacklog) with its cause and the lag it was decided on;
+  the way back starts a new generation from the committed offsets to new markers;
+- each phase-history row is reported once as a ``RecordAttributes`` observation on the
+  asset of the phase entered, with the history so far, and the ``keeps_up`` check says
+  whether the pipeline is flapping;
+- one run of the phase at a time: requested when none is active (after the other
+  phase's run has stopped), not restarted after a user cancelled a realtime run until
+  the sensor is turned off and on.
 
 A backlog or realtime run that stopped beating its heartbeat in the sink (its process
 died, which Dagster's default run launcher cannot see) is marked failed and restarted at
@@ -29,8 +34,19 @@ from typing import Any
 
 import dagster as dg
 
+from backlog_dagster.log import Topic
+from backlog_dagster.phases.lag import Lag, watermark_lag
+from backlog_dagster.phases.markers import continue_backlog
+from backlog_dagster.phases.policy import (
+    FLAP_WINDOW_S,
+    decide,
+    flapping,
+    lag_says_backlog,
+    way_backs,
+)
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink.sqlite import PipelineState
+from backlog_dagster.sink.base import Generation, PhaseChange
+from backlog_dagster.sink.sqlite import PipelineState, SqliteSink
 
 #: A failed run is restarted no sooner than this, so a persistent failure (a missing
 #: topic, say) does not launch a run every tick.
@@ -80,8 +96,9 @@ def switch_sensor(
     config: PipelineConfig, jobs: list[dg.UnresolvedAssetJobDefinition]
 ) -> dg.SensorDefinition:
     name = config.name
-    backlog_job, realtime_job = f"{name}_backlog_job", f"{name}_realtime_job"
-    backlog_key, realtime_key = dg.AssetKey(f"{name}_backlog"), dg.AssetKey(f"{name}_realtime")
+    job_of = {"backlog": f"{name}_backlog_job", "realtime": f"{name}_realtime_job"}
+    run_config_of = {"backlog": backlog_run_config(config), "realtime": realtime_run_config(config)}
+    asset_of = {phase: dg.AssetKey(f"{name}_{phase}") for phase in ("backlog", "realtime")}
 
     @dg.sensor(
         name=f"{name}_switch",
@@ -90,125 +107,268 @@ def switch_sensor(
         if config.switch.running_by_default
         else dg.DefaultSensorStatus.STOPPED,
         jobs=jobs,
-        description=f"Watches {name}'s buckets against their markers and switches its phase.",
+        description=f"Decides {name}'s phase from its buckets' progress and watermark lag, "
+        "and keeps one run of that phase going.",
     )
     def switch(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         from backlog_dagster.components.pipeline import open_sink
 
         cursor = json.loads(context.cursor or "{}")
-        events: list[dg.AssetObservation] = []
-        requests: list[dg.RunRequest] = []
-        skip: str | None = None
+        events: list[dg.AssetObservation | dg.AssetCheckEvaluation] = []
+        now = time.time()
+        last = {phase: _last_run(context, job) for phase, job in job_of.items()}
+        died: set[str] = set()
         with open_sink(config) as sink:
+            for phase, run in last.items():
+                if run is not None and _silent(context, sink, run, config):
+                    died.add(phase)
+                    context.instance.report_run_failed(
+                        run,
+                        f"no heartbeat for {config.switch.heartbeat_timeout:g} s: the run's "
+                        f"process is gone; the switch sensor restarts the {phase} phase",
+                    )
+                    last[phase] = context.instance.get_run_by_id(run.run_id)
             generation = sink.current_generation()
-            phase = sink.phase()
-            if generation is not None and cursor.get("generation") != generation.number:
-                cursor = {
-                    "generation": generation.number,
-                    "finished": [],
-                    "backlog_attempt": 1,
-                    "realtime_attempt": 1,
-                }
             if generation is not None:
-                for bucket in generation.buckets.values():
-                    if bucket.finished and bucket.bucket not in cursor["finished"]:
-                        cursor["finished"].append(bucket.bucket)
-                        events.append(
-                            dg.AssetObservation(
-                                asset_key=backlog_key,
-                                metadata={
-                                    "event": "BacklogFinishEvent",
-                                    "bucket": bucket.bucket,
-                                    "marker": bucket.marker,
-                                    "reached": bucket.reached,
-                                    "generation": generation.number,
-                                },
-                            )
-                        )
+                cursor = _for_generation(cursor, generation.number)
+                events += _finish_events(generation, cursor, asset_of["backlog"])
+                paused = _cancelled_by_user(context, last["realtime"])
+                generation, lag = _decide(
+                    context, config, sink, generation, cursor, now, paused, last
+                )
+                cursor = _for_generation(cursor, generation.number)
+                history = sink.phase_history()
+                events += _phase_events(history, cursor, asset_of, config, lag, now)
+            phase = sink.phase()
             number = 0 if generation is None else generation.number
-            if phase == "backlog" and generation is not None and generation.finished:
-                sink.record_phase(number, "realtime", "every bucket reached its marker")
-                phase = "realtime"
-            if phase == "realtime" and generation is not None and not cursor.get("switched"):
-                # Reported from the cursor, not from the flip above: a tick that died after
-                # recording the phase still gets its event reported by the next one.
-                cursor["switched"] = True
-                events.append(
-                    dg.AssetObservation(
-                        asset_key=realtime_key,
-                        metadata={
-                            "event": "RecordAttributes",
-                            "is_backlog": False,
-                            "generation": number,
-                            "cause": "every bucket reached its marker",
-                        },
-                    )
-                )
-            if phase == "backlog":
-                job, attempt_field, run_config = (
-                    backlog_job,
-                    "backlog_attempt",
-                    backlog_run_config(config),
-                )
-            else:
-                job, attempt_field, run_config = (
-                    realtime_job,
-                    "realtime_attempt",
-                    realtime_run_config(config),
-                )
-            runs = context.instance.get_runs(filters=dg.RunsFilter(job_name=job), limit=1)
-            last = runs[0] if runs else None
-            attempt = cursor.get(attempt_field, 1) if generation is not None else 1
-            died = last is not None and _silent(context, sink, last, config)
-            if died:
-                assert last is not None
-                context.instance.report_run_failed(
-                    last,
-                    f"no heartbeat for {config.switch.heartbeat_timeout:g} s: the run's "
-                    f"process is gone; the switch sensor restarts the {phase} phase",
-                )
-                last = context.instance.get_run_by_id(last.run_id)
-            if last is not None and last.status in ACTIVE:
-                skip = f"{phase} run {last.run_id} is active"
-            elif (
-                last is not None
-                and last.status == dg.DagsterRunStatus.CANCELED
-                and not _restarted_since(context, last)
-            ):
-                skip = (
-                    f"the {phase} run {last.run_id} was cancelled by a user; turn the "
-                    f"sensor off and on to let it restart the {phase} phase"
-                )
-            elif (
-                last is not None
-                and last.status == dg.DagsterRunStatus.FAILURE
-                and _ended_ago(context, last) < RETRY_AFTER_S
-                and not died
-            ):
-                skip = f"the {phase} run {last.run_id} failed; retrying {RETRY_AFTER_S} s after"
-            else:
-                if last is not None:
-                    attempt += 1
-                    cursor[attempt_field] = attempt
-                requests.append(
-                    dg.RunRequest(
-                        run_key=f"{name}-{phase}-g{number}-a{attempt}",
-                        job_name=job,
-                        run_config=run_config,
-                        tags={
-                            "backlog_dagster/phase": phase,
-                            "backlog_dagster/generation": str(number),
-                        },
-                    )
-                )
+        request, skip = _run_request(
+            context, config, cursor, phase, number, last, died, job_of, run_config_of
+        )
         return dg.SensorResult(
-            run_requests=requests,
+            run_requests=[] if request is None else [request],
             asset_events=events,
             cursor=json.dumps(cursor),
-            skip_reason=skip if not requests and not events else None,
+            skip_reason=skip if request is None and not events else None,
         )
 
     return switch
+
+
+def _last_run(context: dg.SensorEvaluationContext, job: str) -> dg.DagsterRun | None:
+    runs = context.instance.get_runs(filters=dg.RunsFilter(job_name=job), limit=1)
+    return runs[0] if runs else None
+
+
+def _for_generation(cursor: dict[str, Any], number: int) -> dict[str, Any]:
+    """The cursor, with its per-generation part started afresh when the generation changed."""
+    if cursor.get("generation") == number:
+        return cursor
+    return {
+        "generation": number,
+        "finished": [],
+        "backlog_attempt": 1,
+        "realtime_attempt": 1,
+        "reported": cursor.get("reported", 0),
+        "lag_above_since": None,
+    }
+
+
+def _finish_events(
+    generation: Generation, cursor: dict[str, Any], key: dg.AssetKey
+) -> list[dg.AssetObservation]:
+    events = []
+    for bucket in generation.buckets.values():
+        if bucket.finished and bucket.bucket not in cursor["finished"]:
+            cursor["finished"].append(bucket.bucket)
+            events.append(
+                dg.AssetObservation(
+                    asset_key=key,
+                    metadata={
+                        "event": "BacklogFinishEvent",
+                        "bucket": bucket.bucket,
+                        "marker": bucket.marker,
+                        "reached": bucket.reached,
+                        "generation": generation.number,
+                    },
+                )
+            )
+    return events
+
+
+def _decide(
+    context: dg.SensorEvaluationContext,
+    config: PipelineConfig,
+    sink: SqliteSink,
+    generation: Generation,
+    cursor: dict[str, Any],
+    now: float,
+    paused: bool,
+    last: dict[str, dg.DagsterRun | None],
+) -> tuple[Generation, Lag | None]:
+    """Apply the phase policy; returns the (possibly new) generation and the lag used."""
+    threshold = config.backlog.watermark_lag_threshold
+    with Topic(config.source.path) as topic:
+        lag = None if threshold is None else watermark_lag(generation, topic, config, now)
+        lag_s = None if lag is None else lag.seconds
+        phase = sink.phase()
+        decision = decide(
+            config,
+            phase=phase,
+            markers_reached=generation.finished,
+            lag=lag,
+            history=sink.phase_history(),
+            lag_above_since=cursor.get("lag_above_since"),
+            now=now,
+        )
+        cursor["lag_above_since"] = decision.lag_above_since
+        if lag is not None:
+            context.log.info(
+                f"{config.name}: {phase}, {lag.describe()} (threshold {threshold:g} s)"
+            )
+        if decision.cause is not None and not (phase == "realtime" and paused):
+            if decision.phase == "realtime":
+                sink.record_phase(generation.number, "realtime", decision.cause, lag_s)
+            else:
+                generation = continue_backlog(
+                    sink, topic, config, decision.cause, lag_s, context.log.info
+                )
+        elif (
+            phase == "backlog"
+            and generation.finished
+            and lag_says_backlog(lag, config)
+            and not any(run is not None and run.status in ACTIVE for run in last.values())
+            and any(
+                topic.latest_offsets().get(b, 0) > s.reached for b, s in generation.buckets.items()
+            )
+        ):
+            assert lag is not None
+            generation = continue_backlog(
+                sink,
+                topic,
+                config,
+                f"every bucket reached its marker, but {lag.describe()} is above the "
+                f"threshold {threshold:g} s: new markers at the log's end",
+                lag_s,
+                context.log.info,
+            )
+    return generation, lag
+
+
+def _phase_events(
+    history: list[PhaseChange],
+    cursor: dict[str, Any],
+    asset_of: dict[str, dg.AssetKey],
+    config: PipelineConfig,
+    lag: Lag | None,
+    now: float,
+) -> list[dg.AssetObservation | dg.AssetCheckEvaluation]:
+    """Each phase change not reported yet, once, with the history so far and the check."""
+    events: list[dg.AssetObservation | dg.AssetCheckEvaluation] = []
+    for index in range(cursor.get("reported", 0), len(history)):
+        change = history[index]
+        metadata: dict[str, Any] = {
+            "event": "RecordAttributes",
+            "is_backlog": change.phase == "backlog",
+            "generation": change.generation,
+            "cause": change.cause,
+            "phase_history": dg.MetadataValue.md(history_table(history[: index + 1])),
+        }
+        if change.lag_s is not None:
+            metadata["watermark_lag_s"] = round(change.lag_s, 3)
+        if config.backlog.watermark_lag_threshold is not None:
+            metadata["watermark_lag_threshold_s"] = config.backlog.watermark_lag_threshold
+        events.append(dg.AssetObservation(asset_key=asset_of[change.phase], metadata=metadata))
+        events.append(keeps_up(history[: index + 1], asset_of["realtime"], now))
+    cursor["reported"] = len(history)
+    return events
+
+
+def keeps_up(history: list[PhaseChange], key: dg.AssetKey, now: float) -> dg.AssetCheckEvaluation:
+    """The ``keeps_up`` check's evaluation, as the sensor reports it at each phase change."""
+    passed, description, count = keeps_up_verdict(history, now)
+    return dg.AssetCheckEvaluation(
+        asset_key=key,
+        check_name="keeps_up",
+        passed=passed,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=description,
+        metadata={"way_backs_last_hour": count},
+    )
+
+
+def keeps_up_verdict(history: list[PhaseChange], now: float) -> tuple[bool, str, int]:
+    """Passed unless the pipeline is flapping; a description; the way backs counted."""
+    count = way_backs(history, now)
+    description = f"{count} way(s) back into backlog in the last {FLAP_WINDOW_S / 60:.0f} minutes"
+    if flapping(history, now):
+        return (
+            False,
+            f"{description}: realtime does not keep up with the input; give the realtime "
+            "phase more resources or a larger read limit (the pipeline now waits longer in "
+            "realtime before each way back)",
+            count,
+        )
+    return True, description, count
+
+
+def history_table(history: list[PhaseChange]) -> str:
+    """The phase history as a Markdown table (newest last, at most the last 20 rows)."""
+    lines = [
+        "| generation | phase | changed at (UTC) | watermark lag (s) | cause |",
+        "|---|---|---|---|---|",
+    ]
+    for change in history[-20:]:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(change.changed_at))
+        lag = "" if change.lag_s is None else f"{change.lag_s:,.1f}"
+        lines.append(f"| {change.generation} | {change.phase} | {when} | {lag} | {change.cause} |")
+    return "\n".join(lines)
+
+
+def _run_request(
+    context: dg.SensorEvaluationContext,
+    config: PipelineConfig,
+    cursor: dict[str, Any],
+    phase: str,
+    number: int,
+    last: dict[str, dg.DagsterRun | None],
+    died: set[str],
+    job_of: dict[str, str],
+    run_config_of: dict[str, dict[str, Any]],
+) -> tuple[dg.RunRequest | None, str]:
+    """The run request that keeps one run of ``phase`` going, or why there is none."""
+    other = "realtime" if phase == "backlog" else "backlog"
+    previous, before = last[phase], last[other]
+    if before is not None and before.status in ACTIVE:
+        return None, f"waiting for the {other} run {before.run_id} to stop"
+    if previous is not None and previous.status in ACTIVE:
+        return None, f"{phase} run {previous.run_id} is active"
+    if phase == "realtime" and _cancelled_by_user(context, previous):
+        assert previous is not None
+        return None, (
+            f"the {phase} run {previous.run_id} was cancelled by a user; turn the "
+            f"sensor off and on to let it restart the {phase} phase"
+        )
+    if (
+        previous is not None
+        and previous.status == dg.DagsterRunStatus.FAILURE
+        and _ended_ago(context, previous) < RETRY_AFTER_S
+        and phase not in died
+    ):
+        return None, f"the {phase} run {previous.run_id} failed; retrying {RETRY_AFTER_S} s after"
+    attempt_field = f"{phase}_attempt"
+    attempt = cursor.get(attempt_field, 1) if number else 1
+    if previous is not None:
+        attempt += 1
+        cursor[attempt_field] = attempt
+    return (
+        dg.RunRequest(
+            run_key=f"{config.name}-{phase}-g{number}-a{attempt}",
+            job_name=job_of[phase],
+            run_config=run_config_of[phase],
+            tags={"backlog_dagster/phase": phase, "backlog_dagster/generation": str(number)},
+        ),
+        "",
+    )
 
 
 def _silent(
@@ -228,6 +388,15 @@ def _silent(
 def _ended_ago(context: dg.SensorEvaluationContext, run: dg.DagsterRun) -> float:
     stats = context.instance.get_run_stats(run.run_id)
     return time.time() - (stats.end_time or stats.launch_time or 0)
+
+
+def _cancelled_by_user(context: dg.SensorEvaluationContext, run: dg.DagsterRun | None) -> bool:
+    """The run was cancelled and the sensor has not been turned off and on since."""
+    return (
+        run is not None
+        and run.status == dg.DagsterRunStatus.CANCELED
+        and not _restarted_since(context, run)
+    )
 
 
 def _restarted_since(context: dg.SensorEvaluationContext, run: dg.DagsterRun) -> bool:

@@ -1,7 +1,9 @@
 """One bucket of a topic: an append-only, offset-addressed sequence of records.
 
 Storage: one SQLite database per bucket, in WAL mode, holding the records as Arrow IPC
-blobs of up to ``MAX_ROWS_PER_BLOB`` rows, keyed by the offset of their first record.
+blobs of up to ``MAX_ROWS_PER_BLOB`` rows, keyed by the offset of their first record,
+with the range of their record times and when they were appended (how the switch tells
+an idle bucket from a busy one).
 
 Why SQLite and Arrow IPC, rather than a file format of our own:
 - SQLite gives the durability the log promises without us writing a recovery
@@ -19,6 +21,7 @@ Why SQLite and Arrow IPC, rather than a file format of our own:
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +39,7 @@ CREATE TABLE IF NOT EXISTS blobs (
     record_count INTEGER NOT NULL,
     min_time_us INTEGER NOT NULL,
     max_time_us INTEGER NOT NULL,
+    appended_at REAL NOT NULL,
     data BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS bounds (
@@ -132,6 +136,30 @@ class Bucket:
                 return offset
         return bounds.latest  # unreachable while max_time_us is exact
 
+    def record_time(self, offset: int) -> int:
+        """The record time (the timestamp column, in µs) of the record at ``offset``."""
+        row = self._db.execute(
+            "SELECT first_offset, data FROM blobs WHERE first_offset <= ? "
+            "ORDER BY first_offset DESC LIMIT 1",
+            (offset,),
+        ).fetchone()
+        bounds = self.bounds()
+        if row is None or not bounds.earliest <= offset < bounds.latest:
+            raise OffsetOutOfRange(
+                f"bucket {self.id}: no record at offset {offset} "
+                f"(it holds [{bounds.earliest}, {bounds.latest}))"
+            )
+        first_offset, data = row
+        times = _decode(data).column(self.timestamp_column).cast(pa.int64())
+        return int(times[offset - first_offset].as_py())
+
+    def last_append_time(self) -> float | None:
+        """When (Unix seconds) the latest record was appended; None if the bucket is empty."""
+        row = self._db.execute(
+            "SELECT appended_at FROM blobs ORDER BY first_offset DESC LIMIT 1"
+        ).fetchone()
+        return None if row is None else float(row[0])
+
     # -- writing ---------------------------------------------------------------
 
     def append(self, records: pa.Table | pa.RecordBatch) -> tuple[int, int]:
@@ -145,6 +173,7 @@ class Bucket:
             latest = self.bounds().latest
             return latest, latest
         times = table.column(self.timestamp_column).cast(pa.int64())
+        appended_at = time.time()
         self._db.execute("BEGIN IMMEDIATE")
         try:
             (first,) = self._db.execute("SELECT next_offset FROM bounds").fetchone()
@@ -152,12 +181,13 @@ class Bucket:
             for batch in table.to_batches(max_chunksize=MAX_ROWS_PER_BLOB):
                 batch_times = times.slice(offset - first, batch.num_rows)
                 self._db.execute(
-                    "INSERT INTO blobs VALUES (?, ?, ?, ?, ?)",
+                    "INSERT INTO blobs VALUES (?, ?, ?, ?, ?, ?)",
                     (
                         offset,
                         batch.num_rows,
                         pc.min(batch_times).as_py(),
                         pc.max(batch_times).as_py(),
+                        appended_at,
                         self._encode(batch),
                     ),
                 )

@@ -114,6 +114,12 @@ class Topic:
     def offset_for_time(self, bucket_id: int, timestamp_us: int) -> int:
         return self.bucket(bucket_id).offset_for_time(timestamp_us)
 
+    def record_time(self, bucket_id: int, offset: int) -> int:
+        return self.bucket(bucket_id).record_time(offset)
+
+    def last_append_time(self, bucket_id: int) -> float | None:
+        return self.bucket(bucket_id).last_append_time()
+
     def add_buckets(self, count: int) -> list[int]:
         """Add ``count`` empty buckets; return their ids."""
         if count < 1:

@@ -9,6 +9,11 @@ once per chunk. No watermark: event-time windows take every record, however late
 - ``checkpoint_interval > 0``: chunks sized to take about that long at the rate the
   previous chunk ran; each chunk's results and progress commit together, and a failure
   resumes from the last commit.
+
+Each commit also records, per bucket, the latest event time read: the watermark the
+lag strategy measures (observed in the same Spark job, not by a second pass). With
+``backlog.boundary: none`` the switch may end the backlog before the markers; the run
+then stops at its next commit and the realtime phase continues from there.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from backlog_dagster.phases.markers import current_generation
 from backlog_dagster.phases.transform import partial_results
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink.base import BucketState, Generation, Sink
+from backlog_dagster.spark.records import BUCKET_COLUMN
 from backlog_dagster.spark.source import FORMAT, share_read_limit
 
 if TYPE_CHECKING:
@@ -94,7 +100,7 @@ def _run_backlog(
     with Topic(config.source.path) as topic:
         generation = current_generation(sink, topic, config, log)
     report = BacklogReport(generation.number)
-    left = sum(b.marker - b.reached for b in generation.buckets.values())
+    left = sum(max(0, b.marker - b.reached) for b in generation.buckets.values())
     for key, value in batch_settings(config, left).items():
         spark.conf.set(key, value)
     if left:
@@ -103,16 +109,20 @@ def _run_backlog(
             f"{'one chunk' if interval == 0 else f'chunks of about {interval:g} s'}"
         )
     rate = float(FIRST_CHUNK_RATE)
-    while left:
+    while left > 0:
+        if config.backlog.boundary == "none" and sink.phase() == "realtime":
+            log("backlog: the switch moved the pipeline to realtime; stopping here")
+            break
         budget = left if interval == 0 else max(MIN_CHUNK_RECORDS, int(rate * interval))
         start = {b: s.reached for b, s in generation.buckets.items()}
         grant = share_read_limit(
-            {str(b): s.marker - s.reached for b, s in generation.buckets.items()}, budget
+            {str(b): max(0, s.marker - s.reached) for b, s in generation.buckets.items()}, budget
         )
         end = {b: start[b] + grant[str(b)] for b in start}
         chunk_started = time.monotonic()
-        results = partial_results(_read(spark, config, start, end), config).toArrow()
-        sink.commit(generation.number, start, end, results)
+        records, event_times = _with_event_times(_read(spark, config, start, end), config, start)
+        results = partial_results(records, config).toArrow()
+        sink.commit(generation.number, start, end, results, event_times=event_times())
         chunk_seconds = time.monotonic() - chunk_started
         chunk_records = sum(end[b] - start[b] for b in start)
         rate = chunk_records / max(chunk_seconds, 1e-3)
@@ -140,6 +150,28 @@ def _read(
     if config.source.record_schema:
         reader = reader.schema(config.source.record_schema)
     return reader.load()
+
+
+def _with_event_times(
+    records: DataFrame, config: PipelineConfig, buckets: dict[int, int]
+) -> tuple[DataFrame, Callable[[], dict[int, int | None]]]:
+    """``records`` observed for each bucket's latest event time, and how to get them.
+
+    An observation rides along the aggregation's own job; read it after that job ran.
+    """
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    observation = Observation("event_times")
+    event_time = F.unix_micros(F.col(config.source.event_time))
+    observed = records.observe(
+        observation,
+        *(
+            F.max(F.when(F.col(BUCKET_COLUMN) == b, event_time)).alias(str(b))
+            for b in sorted(buckets)
+        ),
+    )
+    return observed, lambda: {b: observation.get[str(b)] for b in buckets}
 
 
 def _reached(generation: Generation, end: dict[int, int]) -> Generation:

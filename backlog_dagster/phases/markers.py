@@ -9,6 +9,10 @@ Buckets that appear after the markers were taken hold only records newer than th
 markers, so they have nothing in the backlog: each is tracked with start and marker at
 its earliest offset when first seen (finished at once), and the realtime phase reads it
 from there.
+
+A later generation may *continue* one instead of starting over (``continue_backlog``):
+the way back from realtime into backlog takes new markers at the log's end and starts
+each bucket at its committed progress, keeping the results.
 """
 
 from __future__ import annotations
@@ -103,6 +107,24 @@ def reset(
         f"generation {generation.number} ({reason}): boundary markers taken: "
         f"{_describe(generation)}"
     )
+    return generation
+
+
+def continue_backlog(
+    sink: Sink,
+    topic: Topic,
+    config: PipelineConfig,
+    reason: str,
+    lag_s: float | None,
+    log: Callable[[str], None],
+) -> Generation:
+    """Back into backlog, results kept: new markers at the log's end, from the progress made.
+
+    The way back from realtime, or a backlog that reached its markers while the
+    watermark still lags: each bucket starts where its committed progress stands.
+    """
+    generation = sink.continue_generation(topic.latest_offsets(), reason, lag_s)
+    log(f"generation {generation.number} ({reason}): new markers: {_describe(generation)}")
     return generation
 
 

@@ -10,6 +10,10 @@ transaction, and every query starts from the offsets the sink holds (not from Sp
 own checkpoint), so a crash at any point either committed a batch or left no trace of
 it, and the next run reads it again.
 
+The run ends by itself when a newer generation replaces the one it started in (the
+switch went back into backlog, or a reset): a batch it could still try to commit is
+refused by the sink, and the query stops.
+
 Event-time windows: the watermark is the latest event time committed so far minus the
 allowed lateness; at the switch that is the backlog's latest event time minus the
 lateness, so every window the backlog closed stays final. A record whose window ended
@@ -32,7 +36,7 @@ from backlog_dagster.phases.lock import exclusive_run
 from backlog_dagster.phases.markers import current_generation
 from backlog_dagster.phases.transform import partial_results, window_end
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink.base import Sink
+from backlog_dagster.sink.base import GenerationEnded, Sink
 from backlog_dagster.spark.records import BUCKET_COLUMN, OFFSET_COLUMN
 from backlog_dagster.spark.source import FORMAT
 
@@ -115,7 +119,7 @@ def _run_realtime(
 ) -> RealtimeStatus:
     with Topic(config.source.path) as topic:
         generation = current_generation(sink, topic, config, log)
-    if not generation.finished:
+    if not generation.finished and config.backlog.boundary == "markers":
         left = {
             b.bucket: b.marker - b.reached for b in generation.buckets.values() if not b.finished
         }
@@ -129,6 +133,7 @@ def _run_realtime(
     start = {str(b): s.reached for b, s in sorted(generation.buckets.items())}
     log(f"realtime: starting at offsets {start}, micro-batches every {interval:g} s")
     status = RealtimeStatus()
+    superseded: list[str] = []
 
     def commit_batch(batch: DataFrame, batch_id: int) -> None:
         from pyspark.sql import functions as F
@@ -137,13 +142,18 @@ def _run_realtime(
         try:
             ranges = (
                 batch.groupBy(BUCKET_COLUMN)
-                .agg(F.min(OFFSET_COLUMN).alias("low"), F.max(OFFSET_COLUMN).alias("high"))
+                .agg(
+                    F.min(OFFSET_COLUMN).alias("low"),
+                    F.max(OFFSET_COLUMN).alias("high"),
+                    F.max(F.unix_micros(F.col(config.source.event_time))).alias("event_time"),
+                )
                 .collect()
             )
             if not ranges:
                 return
             begin = {r[BUCKET_COLUMN]: r["low"] for r in ranges}
             end = {r[BUCKET_COLUMN]: r["high"] + 1 for r in ranges}
+            event_times = {r[BUCKET_COLUMN]: r["event_time"] for r in ranges}
             held = sink.current_generation()
             assert held is not None
             new = {b: (o, o) for b, o in begin.items() if b not in held.buckets}
@@ -152,7 +162,11 @@ def _run_realtime(
                 log(f"realtime: tracking new bucket(s) {sorted(new)}")
             on_time, late = _split_late(batch, config, sink)
             results = partial_results(on_time, config).toArrow()
-            committed = sink.commit(held.number, begin, end, results, late)
+            try:
+                committed = sink.commit(held.number, begin, end, results, late, event_times)
+            except GenerationEnded as ended:
+                superseded.append(str(ended))
+                return
             if committed:
                 status.batches += 1
                 status.records += sum(end[b] - begin[b] for b in end)
@@ -183,6 +197,13 @@ def _run_realtime(
         next_report = time.monotonic()
         while not should_stop():
             if query.awaitTermination(1):
+                break
+            current = status_sink.current_generation()
+            if superseded or (current is not None and current.number != generation.number):
+                log(
+                    f"realtime: generation {generation.number} was replaced "
+                    f"({current.reason if current else 'gone'}); stopping"
+                )
                 break
             if time.monotonic() >= next_report:
                 _refresh(status, query.lastProgress, config, status_sink)

@@ -98,6 +98,12 @@ class SourceConfig(Frozen):
         default_factory=StartAt,
         description="'earliest' (the default), {timestamp: …} or {offsets: {bucket: offset}}.",
     )
+    idle_timeout: Duration = Field(
+        60,
+        gt=0,
+        description="A bucket with nothing left to read and no record appended for this long "
+        "is idle: it does not hold the pipeline in backlog by watermark lag (FLIP-328).",
+    )
 
 
 class WindowConfig(Frozen):
@@ -155,8 +161,17 @@ class SinkConfig(Frozen):
 
 
 class BacklogConfig(Frozen):
-    boundary: Literal["markers"] = Field(
-        "markers", description="markers: each bucket's end offset when the pipeline starts."
+    boundary: Literal["markers", "none"] = Field(
+        "markers",
+        description="markers: the backlog lasts until every bucket reaches its end offset as "
+        "it was when the pipeline started; none: only watermark_lag_threshold decides.",
+    )
+    watermark_lag_threshold: Duration | None = Field(
+        None,
+        gt=0,
+        description="Also in backlog while now minus the watermark exceeds this (FLIP-328); "
+        "in realtime, a lag above it for switch.grace_period sends the pipeline back into "
+        "backlog. Unset: the lag decides nothing.",
     )
     checkpoint_interval: Duration = Field(
         0,
@@ -203,6 +218,18 @@ class SwitchConfig(Frozen):
         description="A realtime run silent this long (its process died) is marked failed and "
         "restarted.",
     )
+    grace_period: Duration = Field(
+        60,
+        ge=0,
+        description="In realtime, the watermark lag must stay above the threshold this long "
+        "before the pipeline goes back into backlog.",
+    )
+    min_time_in_realtime: Duration = Field(
+        120,
+        ge=0,
+        description="No way back into backlog sooner than this after the switch to realtime; "
+        "doubled for each way back in the last hour, so a pipeline that flaps slows down.",
+    )
 
 
 class PipelineConfig(Frozen):
@@ -218,3 +245,21 @@ class PipelineConfig(Frozen):
     spark_master: str = Field(
         "local[*]", description="Spark master: local[*], a cluster URL or sc://… (Spark Connect)."
     )
+
+    @model_validator(mode="after")
+    def _lag_strategy(self) -> PipelineConfig:
+        threshold = self.backlog.watermark_lag_threshold
+        if self.backlog.boundary == "none" and threshold is None:
+            raise ValueError(
+                "backlog.boundary is none but backlog.watermark_lag_threshold is not set: "
+                "nothing would decide when the backlog ends; set one of them"
+            )
+        window = self.transform.window
+        if threshold is not None and window is not None and threshold <= window.allowed_lateness:
+            raise ValueError(
+                f"backlog.watermark_lag_threshold ({threshold:g} s) must exceed "
+                f"transform.window.allowed_lateness ({window.allowed_lateness:g} s): the "
+                "watermark always lags by the allowed lateness, so the lag could never fall "
+                "to the threshold"
+            )
+        return self

@@ -8,6 +8,7 @@ record (the consistency the Pravega seed asks of reader positions).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,6 +23,9 @@ class BucketState:
     start: int
     marker: int
     reached: int
+    #: The latest event time (µs) of the records committed from this bucket: where the
+    #: bucket's watermark stands. None before the first commit.
+    event_time_us: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -43,8 +47,24 @@ class Generation:
         return all(b.finished for b in self.buckets.values())
 
 
+@dataclass(frozen=True)
+class PhaseChange:
+    """One row of the phase history: what the phase became, when, why, in which generation."""
+
+    generation: int
+    phase: str
+    changed_at: float
+    cause: str
+    #: The watermark lag (s) the decision was made on, where the lag strategy made it.
+    lag_s: float | None = None
+
+
 class ProgressConflict(RuntimeError):
     """A commit whose start does not match the progress the sink holds."""
+
+
+class GenerationEnded(ProgressConflict):
+    """A commit to a generation that a newer one replaced (the switch went back, or a reset)."""
 
 
 class Sink(Protocol):
@@ -56,6 +76,14 @@ class Sink(Protocol):
     ) -> Generation:
         """Record new markers ``{bucket: (start, marker)}``; clears the results."""
 
+    def continue_generation(
+        self, markers: dict[int, int], reason: str, lag_s: float | None = None
+    ) -> Generation:
+        """A new generation that keeps the results: each bucket starts where it stands.
+
+        The phase becomes ``backlog`` with ``reason`` in the same transaction.
+        """
+
     def track_buckets(self, generation: int, buckets: dict[int, tuple[int, int]]) -> Generation:
         """Add buckets that appeared after the markers were taken."""
 
@@ -66,17 +94,25 @@ class Sink(Protocol):
         end: dict[int, int],
         results: pa.Table,
         late: pa.Table | None = None,
+        event_times: Mapping[int, int | None] | None = None,
     ) -> bool:
         """Merge ``results``, keep ``late`` records, move progress ``start`` → ``end``, atomically.
 
-        Returns False, changing nothing, when exactly this commit was already made.
+        ``event_times`` is the latest event time (µs) per bucket among the records
+        committed. Returns False, changing nothing, when exactly this commit was already
+        made; raises ``GenerationEnded`` when ``generation`` is no longer the newest.
         """
 
     def phase(self) -> str:
         """``backlog`` or ``realtime``: the durable phase flag."""
 
-    def record_phase(self, generation: int, phase: str, cause: str) -> None:
+    def record_phase(
+        self, generation: int, phase: str, cause: str, lag_s: float | None = None
+    ) -> None:
         """Record a phase change, with its cause, in the phase history."""
+
+    def phase_history(self) -> list[PhaseChange]:
+        """Every phase change of the pipeline, oldest first."""
 
     def max_event_time(self) -> str | None:
         """Latest event time committed so far (ISO text), for windowed pipelines."""

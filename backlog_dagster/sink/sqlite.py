@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Self
 
@@ -26,7 +27,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from backlog_dagster.pipeline.results import MAX_EVENT_TIME, ResultLayout
-from backlog_dagster.sink.base import BucketState, Generation, ProgressConflict
+from backlog_dagster.sink.base import (
+    BucketState,
+    Generation,
+    GenerationEnded,
+    PhaseChange,
+    ProgressConflict,
+)
 
 _STATE_TABLES = (
     """CREATE TABLE IF NOT EXISTS backlog_generations (
@@ -44,6 +51,7 @@ _STATE_TABLES = (
     start_offset INTEGER NOT NULL,
     marker INTEGER NOT NULL,
     reached INTEGER NOT NULL,
+    event_time_us INTEGER,
     PRIMARY KEY (pipeline, generation, bucket)
 )""",
     """CREATE TABLE IF NOT EXISTS backlog_commits (
@@ -64,7 +72,8 @@ _STATE_TABLES = (
     generation INTEGER NOT NULL,
     phase TEXT NOT NULL,
     changed_at REAL NOT NULL,
-    cause TEXT NOT NULL
+    cause TEXT NOT NULL,
+    lag_s REAL
 )""",
 )
 
@@ -109,9 +118,9 @@ class PipelineState:
             return None
         number, created_at, reason, definition = row
         buckets = {
-            bucket: BucketState(bucket, start, marker, reached)
-            for bucket, start, marker, reached in self._db.execute(
-                "SELECT bucket, start_offset, marker, reached FROM backlog_buckets "
+            row[0]: BucketState(*row)
+            for row in self._db.execute(
+                "SELECT bucket, start_offset, marker, reached, event_time_us FROM backlog_buckets "
                 "WHERE pipeline = ? AND generation = ? ORDER BY bucket",
                 (self.pipeline, number),
             )
@@ -127,12 +136,50 @@ class PipelineState:
 
     def _insert_buckets(self, generation: int, buckets: dict[int, tuple[int, int]]) -> None:
         self._db.executemany(
-            "INSERT INTO backlog_buckets VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO backlog_buckets VALUES (?, ?, ?, ?, ?, ?, NULL)",
             [
                 (self.pipeline, generation, bucket, start, marker, start)
                 for bucket, (start, marker) in sorted(buckets.items())
             ],
         )
+
+    def _new_generation(self, reason: str, definition: str) -> int:
+        (top,) = self._db.execute(
+            "SELECT coalesce(max(generation), 0) FROM backlog_generations WHERE pipeline = ?",
+            (self.pipeline,),
+        ).fetchone()
+        self._db.execute(
+            "INSERT INTO backlog_generations VALUES (?, ?, ?, ?, ?)",
+            (self.pipeline, top + 1, time.time(), reason, definition),
+        )
+        return int(top) + 1
+
+    def continue_generation(
+        self, markers: dict[int, int], reason: str, lag_s: float | None = None
+    ) -> Generation:
+        with self._transaction():
+            current = self.current_generation()
+            assert current is not None, "continue_generation needs a generation to continue"
+            number = self._new_generation(reason, current.definition)
+            self._db.executemany(
+                "INSERT INTO backlog_buckets VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        self.pipeline,
+                        number,
+                        b.bucket,
+                        b.reached,
+                        max(b.reached, markers.get(b.bucket, b.reached)),
+                        b.reached,
+                        b.event_time_us,
+                    )
+                    for b in current.buckets.values()
+                ],
+            )
+            self._insert_phase(number, "backlog", reason, lag_s)
+        generation = self.current_generation()
+        assert generation is not None
+        return generation
 
     def phase(self) -> str:
         """``backlog`` or ``realtime``: the durable phase flag (FLIP-309's isProcessingBacklog)."""
@@ -142,19 +189,27 @@ class PipelineState:
         ).fetchone()
         return "backlog" if row is None else str(row[0])
 
-    def record_phase(self, generation: int, phase: str, cause: str) -> None:
+    def record_phase(
+        self, generation: int, phase: str, cause: str, lag_s: float | None = None
+    ) -> None:
         with self._transaction():
-            self._db.execute(
-                "INSERT INTO backlog_phases VALUES (?, ?, ?, ?, ?)",
-                (self.pipeline, generation, phase, time.time(), cause),
-            )
+            self._insert_phase(generation, phase, cause, lag_s)
 
-    def phase_history(self) -> list[tuple[int, str, float, str]]:
-        return self._db.execute(
-            "SELECT generation, phase, changed_at, cause FROM backlog_phases "
-            "WHERE pipeline = ? ORDER BY rowid",
-            (self.pipeline,),
-        ).fetchall()
+    def _insert_phase(self, generation: int, phase: str, cause: str, lag_s: float | None) -> None:
+        self._db.execute(
+            "INSERT INTO backlog_phases VALUES (?, ?, ?, ?, ?, ?)",
+            (self.pipeline, generation, phase, time.time(), cause, lag_s),
+        )
+
+    def phase_history(self) -> list[PhaseChange]:
+        return [
+            PhaseChange(*row)
+            for row in self._db.execute(
+                "SELECT generation, phase, changed_at, cause, lag_s FROM backlog_phases "
+                "WHERE pipeline = ? ORDER BY rowid",
+                (self.pipeline,),
+            )
+        ]
 
     def beat(self, run_id: str) -> None:
         """A long-running run says it is alive (the sensor restarts runs that stop saying so)."""
@@ -214,19 +269,9 @@ class SqliteSink(PipelineState):
         self, buckets: dict[int, tuple[int, int]], reason: str, definition: str
     ) -> Generation:
         with self._transaction():
-            (top,) = self._db.execute(
-                "SELECT coalesce(max(generation), 0) FROM backlog_generations WHERE pipeline = ?",
-                (self.pipeline,),
-            ).fetchone()
-            self._db.execute(
-                "INSERT INTO backlog_generations VALUES (?, ?, ?, ?, ?)",
-                (self.pipeline, top + 1, time.time(), reason, definition),
-            )
-            self._insert_buckets(top + 1, buckets)
-            self._db.execute(
-                "INSERT INTO backlog_phases VALUES (?, ?, 'backlog', ?, ?)",
-                (self.pipeline, top + 1, time.time(), reason),
-            )
+            number = self._new_generation(reason, definition)
+            self._insert_buckets(number, buckets)
+            self._insert_phase(number, "backlog", reason, None)
             self._db.execute(f"DELETE FROM {_quote(self.table)}")
             if self.windowed:
                 self._db.execute(f"DELETE FROM {_quote(self.late_table)}")
@@ -241,8 +286,18 @@ class SqliteSink(PipelineState):
         end: dict[int, int],
         results: pa.Table,
         late: pa.Table | None = None,
+        event_times: Mapping[int, int | None] | None = None,
     ) -> bool:
         with self._transaction():
+            (newest,) = self._db.execute(
+                "SELECT max(generation) FROM backlog_generations WHERE pipeline = ?",
+                (self.pipeline,),
+            ).fetchone()
+            if newest != generation:
+                raise GenerationEnded(
+                    f"pipeline {self.pipeline}: generation {generation} was replaced by "
+                    f"generation {newest}; this commit is not made"
+                )
             held = dict(
                 self._db.execute(
                     "SELECT bucket, reached FROM backlog_buckets "
@@ -267,10 +322,15 @@ class SqliteSink(PipelineState):
                     f"INSERT INTO {_quote(self.late_table)} VALUES (?, ?, ?, ?)",
                     zip(*(_sqlite_values(late.column(c)) for c in columns), strict=True),
                 )
+            times = event_times or {}
             self._db.executemany(
-                "UPDATE backlog_buckets SET reached = ? "
+                "UPDATE backlog_buckets SET reached = ?, event_time_us = "
+                "max(coalesce(event_time_us, ?), coalesce(?, event_time_us)) "
                 "WHERE pipeline = ? AND generation = ? AND bucket = ?",
-                [(offset, self.pipeline, generation, b) for b, offset in end.items()],
+                [
+                    (offset, times.get(b), times.get(b), self.pipeline, generation, b)
+                    for b, offset in end.items()
+                ],
             )
             self._db.execute(
                 "INSERT INTO backlog_commits VALUES (?, ?, ?, ?, ?)",
