@@ -24,4 +24,4 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 bench: $(STAMP)
-	$(BIN)/python bench/log_read.py
+	$(BIN)/python bench/run.py

@@ -174,7 +174,7 @@ class Timeline:
             return 0
         with PipelineState(sink_path, name) as state:
             generation = state.current_generation()
-            phase = state.phase()
+            history = state.phase_history()
         if generation is None:
             return 0
         marks = ", ".join(f"{b.bucket}:{b.marker:,}" for b in generation.buckets.values())
@@ -188,8 +188,13 @@ class Timeline:
                     f"{name}: bucket {bucket} reached its marker "
                     f"{event.metadata['marker'].value:,} (sensor: BacklogFinishEvent)",
                 )
-        if phase == "realtime":
-            self.say(f"{name} switch", f"{name}: [bold]switch[/] to realtime (isBacklog=false)")
+        for index, change in enumerate(history[1:], start=1):
+            lag = "" if change.lag_s is None else f", watermark lag {change.lag_s:,.0f} s"
+            self.say(
+                f"{name} phase {index}",
+                f"{name}: [bold]{change.phase}[/] (isBacklog={change.phase == 'backlog'}), "
+                f"generation {change.generation}{lag}: {change.cause}",
+            )
         runs = instance.get_runs(filters=dg.RunsFilter(job_name=f"{name}_realtime_job"), limit=1)
         if runs and runs[0].status == dg.DagsterRunStatus.STARTED:
             config = runs[0].run_config.get("ops")

@@ -175,6 +175,23 @@ def with_change(path: str, value: object) -> dict:  # type: ignore[type-arg]
             0,
             "attributes.realtime.checkpoint_interval: Input should be greater than 0",
         ),
+        (
+            "backlog.watermark_lag_threshold",
+            "0s",
+            "attributes.backlog.watermark_lag_threshold: Input should be greater than 0",
+        ),
+        (
+            "backlog.boundary",
+            "none",
+            "attributes: Value error, backlog.boundary is none but "
+            "backlog.watermark_lag_threshold is not set: nothing would decide when the "
+            "backlog ends; set one of them",
+        ),
+        (
+            "source.idle_timeout",
+            -1,
+            "attributes.source.idle_timeout: Input should be greater than 0",
+        ),
     ],
 )
 def test_each_kind_of_mistake(tmp_path: Path, field: str, value: object, expected: str) -> None:
@@ -190,6 +207,23 @@ def test_each_kind_of_mistake(tmp_path: Path, field: str, value: object, expecte
         load_pipeline(defs)
     assert str(error.value).startswith(f"{defs}: ")
     assert expected in str(error.value)
+
+
+def test_a_lag_threshold_must_exceed_the_allowed_lateness(tmp_path: Path) -> None:
+    import yaml
+
+    defs = tmp_path / "defs.yaml"
+    attributes = with_change("backlog", {"watermark_lag_threshold": "30s"})
+    attributes["transform"]["window"] = {"size": "1m", "allowed_lateness": "30s"}
+    defs.write_text(
+        yaml.safe_dump({"type": "backlog_dagster.BacklogPipeline", "attributes": attributes})
+    )
+    with pytest.raises(PipelineFileError) as error:
+        load_pipeline(defs)
+    assert (
+        "attributes: Value error, backlog.watermark_lag_threshold (30 s) must exceed "
+        "transform.window.allowed_lateness (30 s)"
+    ) in str(error.value)
 
 
 def test_durations_take_units(tmp_path: Path) -> None:

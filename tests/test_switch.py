@@ -102,7 +102,13 @@ def test_sensor_runs_backlog_then_switches_to_realtime_with_its_own_config(
         backlog_config = backlog_runs[0].run_config["ops"]["customer_totals_backlog"]["config"]
         realtime_config = realtime_runs[0].run_config["ops"]["customer_totals_realtime"]["config"]
         assert backlog_config["checkpoint_interval"] == 0
-        assert realtime_config == {"checkpoint_interval": 2.0, "shuffle_partitions": 4}
+        # The realtime run was started as a standby while the backlog ran, and switched
+        # the pipeline itself the moment the backlog run let go of it.
+        assert realtime_config == {
+            "checkpoint_interval": 2.0,
+            "shuffle_partitions": 4,
+            "standby_for_generation": 1,
+        }
 
         finishes = [
             r.asset_observation.metadata
@@ -120,6 +126,7 @@ def test_sensor_runs_backlog_then_switches_to_realtime_with_its_own_config(
             if r.asset_observation is not None and "is_backlog" in r.asset_observation.metadata
         ]
         assert len(switch) == 1 and switch[0]["is_backlog"].value is False
+        assert "switched by the standby realtime run" in switch[0]["cause"].value
 
         assert_example_customer_totals(tmp_path, topic.path)
 

@@ -6,8 +6,10 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
+from backlog_dagster.cli import main
 from backlog_dagster.components.pipeline import open_sink
 from backlog_dagster.log import Topic
 from backlog_dagster.phases.backlog import run_backlog
@@ -21,6 +23,7 @@ from tests.pipelines import (
     customer_totals_oracle,
     pipeline,
     records_up_to,
+    write_defs,
 )
 from tests.test_backlog import wait_for
 from tests.test_realtime import RealtimeThread, reached
@@ -109,3 +112,7 @@ def test_round_trips_between_realtime_and_backlog_lose_and_double_nothing(
     ]
     oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
     assert_same(results, oracle, ["customer_id"])
+
+    status = CliRunner().invoke(main, ["pipeline", "status", str(write_defs(tmp_path, config))])
+    assert status.exit_code == 0, status.output
+    assert "realtime, generation 3" in status.output and "trip 1" in status.output

@@ -21,6 +21,8 @@ from backlog_dagster.components.pipeline import DATA_ENV
 class DevServer:
     port: int
     log: Path
+    #: The ``dagster dev`` process; the daemon, webserver, code server and runs are under it.
+    pid: int
 
     @property
     def url(self) -> str:
@@ -31,8 +33,8 @@ class DevServer:
 def dagster_dev(project: Path, home: Path, data: Path, timeout: float = 300) -> Iterator[DevServer]:
     """Webserver, daemon and code server with ``DAGSTER_HOME=home``; stopped on exit."""
     home.mkdir(parents=True, exist_ok=True)
-    server = DevServer(_free_port(), home / "dagster-dev.log")
-    with server.log.open("w") as log:
+    port, log_path = _free_port(), home / "dagster-dev.log"
+    with log_path.open("w") as log:
         process = subprocess.Popen(
             [
                 str(Path(sys.executable).with_name("dagster")),
@@ -42,7 +44,7 @@ def dagster_dev(project: Path, home: Path, data: Path, timeout: float = 300) -> 
                 "-h",
                 "127.0.0.1",
                 "-p",
-                str(server.port),
+                str(port),
             ],
             cwd=project,
             stdout=log,
@@ -50,6 +52,7 @@ def dagster_dev(project: Path, home: Path, data: Path, timeout: float = 300) -> 
             start_new_session=True,
             env={**os.environ, "DAGSTER_HOME": str(home), DATA_ENV: str(data)},
         )
+        server = DevServer(port, log_path, process.pid)
         try:
             _wait_until_up(server, process, timeout)
             yield server

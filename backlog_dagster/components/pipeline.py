@@ -53,6 +53,9 @@ class RealtimeRunConfig(dg.Config):
 
     checkpoint_interval: float | None = None
     shuffle_partitions: int | None = None
+    standby_for_generation: int = 0
+    """Not 0: a standby run, started while that generation's backlog runs (see
+    ``phases.standby``)."""
 
 
 def open_sink(config: PipelineConfig) -> SqliteSink:
@@ -195,6 +198,7 @@ def realtime_asset(pipeline: PipelineConfig) -> dg.AssetsDefinition:
         import shutil
 
         from backlog_dagster.phases.realtime import run_realtime
+        from backlog_dagster.phases.standby import await_switch, warm_up
         from backlog_dagster.spark.session import get_session
 
         checkpoint = (
@@ -207,6 +211,16 @@ def realtime_asset(pipeline: PipelineConfig) -> dg.AssetsDefinition:
                 open_sink(pipeline) as status_sink,
             ):
                 spark = get_session(pipeline.spark_master, app_name=f"realtime-{pipeline.name}")
+                if config.standby_for_generation:
+                    warm_up(spark, pipeline)
+                    if not await_switch(
+                        pipeline,
+                        status_sink,
+                        config.standby_for_generation,
+                        should_stop=lambda: False,
+                        log=context.log.info,
+                    ):
+                        return
 
                 def report(status: "RealtimeStatus") -> None:
                     context.log_event(

@@ -77,8 +77,11 @@ def backlog_run_config(config: PipelineConfig) -> dict[str, Any]:
     }
 
 
-def realtime_run_config(config: PipelineConfig) -> dict[str, Any]:
-    """What the realtime run gets: the realtime interval, a small fixed shuffle."""
+def realtime_run_config(config: PipelineConfig, standby_for: int = 0) -> dict[str, Any]:
+    """What the realtime run gets: the realtime interval, a small fixed shuffle.
+
+    ``standby_for`` a generation: started while that generation's backlog runs.
+    """
     realtime = config.realtime
     return {
         "ops": {
@@ -86,6 +89,7 @@ def realtime_run_config(config: PipelineConfig) -> dict[str, Any]:
                 "config": {
                     "checkpoint_interval": realtime.checkpoint_interval,
                     "shuffle_partitions": realtime.shuffle_partitions,
+                    "standby_for_generation": standby_for,
                 }
             }
         }
@@ -142,13 +146,26 @@ def switch_sensor(
             phase = sink.phase()
             number = 0 if generation is None else generation.number
         request, skip = _run_request(
-            context, config, cursor, phase, number, last, died, job_of, run_config_of
+            context,
+            config,
+            cursor,
+            phase,
+            number,
+            generation is not None and generation.finished,
+            last,
+            died,
+            job_of,
+            run_config_of,
         )
+        requests = [] if request is None else [request]
+        standby = _standby_request(context, config, phase, number, last, request)
+        if standby is not None:
+            requests.append(standby)
         return dg.SensorResult(
-            run_requests=[] if request is None else [request],
+            run_requests=requests,
             asset_events=events,
             cursor=json.dumps(cursor),
-            skip_reason=skip if request is None and not events else None,
+            skip_reason=skip if not requests and not events else None,
         )
 
     return switch
@@ -236,7 +253,10 @@ def _decide(
             phase == "backlog"
             and generation.finished
             and lag_says_backlog(lag, config)
-            and not any(run is not None and run.status in ACTIVE for run in last.values())
+            and not any(
+                run is not None and run.status in ACTIVE and not _standby_of(run, generation.number)
+                for run in last.values()
+            )
             and any(
                 topic.latest_offsets().get(b, 0) > s.reached for b, s in generation.buckets.items()
             )
@@ -330,6 +350,7 @@ def _run_request(
     cursor: dict[str, Any],
     phase: str,
     number: int,
+    markers_reached: bool,
     last: dict[str, dg.DagsterRun | None],
     died: set[str],
     job_of: dict[str, str],
@@ -338,8 +359,10 @@ def _run_request(
     """The run request that keeps one run of ``phase`` going, or why there is none."""
     other = "realtime" if phase == "backlog" else "backlog"
     previous, before = last[phase], last[other]
-    if before is not None and before.status in ACTIVE:
+    if before is not None and before.status in ACTIVE and not _standby_of(before, number):
         return None, f"waiting for the {other} run {before.run_id} to stop"
+    if phase == "backlog" and markers_reached:
+        return None, "every bucket reached its marker; the watermark lag holds the backlog"
     if previous is not None and previous.status in ACTIVE:
         return None, f"{phase} run {previous.run_id} is active"
     if phase == "realtime" and _cancelled_by_user(context, previous):
@@ -369,6 +392,47 @@ def _run_request(
         ),
         "",
     )
+
+
+def _standby_request(
+    context: dg.SensorEvaluationContext,
+    config: PipelineConfig,
+    phase: str,
+    number: int,
+    last: dict[str, dg.DagsterRun | None],
+    backlog_request: dg.RunRequest | None,
+) -> dg.RunRequest | None:
+    """A realtime run started while the backlog runs, so Spark is warm at the switch."""
+    realtime, backlog = last["realtime"], last["backlog"]
+    backlog_going = backlog_request is not None or (
+        backlog is not None and backlog.status in ACTIVE
+    )
+    if (
+        not config.switch.standby
+        or phase != "backlog"
+        or not number
+        or not backlog_going
+        or (realtime is not None and realtime.status in ACTIVE)
+        or _cancelled_by_user(context, realtime)
+    ):
+        return None
+    return dg.RunRequest(
+        run_key=f"{config.name}-realtime-g{number}-standby",
+        job_name=f"{config.name}_realtime_job",
+        run_config=realtime_run_config(config, standby_for=number),
+        tags={
+            "backlog_dagster/phase": "realtime",
+            "backlog_dagster/generation": str(number),
+            "backlog_dagster/standby": "true",
+        },
+    )
+
+
+def _standby_of(run: dg.DagsterRun, number: int) -> bool:
+    """A standby realtime run for generation ``number`` (it waits; nobody waits for it)."""
+    return run.tags.get("backlog_dagster/standby") == "true" and run.tags.get(
+        "backlog_dagster/generation"
+    ) == str(number)
 
 
 def _silent(

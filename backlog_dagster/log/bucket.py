@@ -153,6 +153,14 @@ class Bucket:
         times = _decode(data).column(self.timestamp_column).cast(pa.int64())
         return int(times[offset - first_offset].as_py())
 
+    def append_times(self, start: int, end: int) -> list[tuple[int, int, float]]:
+        """``(first offset, records, appended at)`` of each stored blob overlapping [start, end)."""
+        return self._db.execute(
+            "SELECT first_offset, record_count, appended_at FROM blobs "
+            "WHERE first_offset + record_count > ? AND first_offset < ? ORDER BY first_offset",
+            (start, end),
+        ).fetchall()
+
     def last_append_time(self) -> float | None:
         """When (Unix seconds) the latest record was appended; None if the bucket is empty."""
         row = self._db.execute(

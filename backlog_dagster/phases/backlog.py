@@ -28,10 +28,9 @@ from typing import TYPE_CHECKING
 from backlog_dagster.log import Topic
 from backlog_dagster.phases.lock import exclusive_run
 from backlog_dagster.phases.markers import current_generation
-from backlog_dagster.phases.transform import partial_results
+from backlog_dagster.phases.transform import observe_buckets, partial_results
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink.base import BucketState, Generation, Sink
-from backlog_dagster.spark.records import BUCKET_COLUMN
 from backlog_dagster.spark.source import FORMAT, share_read_limit
 
 if TYPE_CHECKING:
@@ -120,9 +119,11 @@ def _run_backlog(
         )
         end = {b: start[b] + grant[str(b)] for b in start}
         chunk_started = time.monotonic()
-        records, event_times = _with_event_times(_read(spark, config, start, end), config, start)
+        records, seen = observe_buckets(_read(spark, config, start, end), config, sorted(start))
         results = partial_results(records, config).toArrow()
-        sink.commit(generation.number, start, end, results, event_times=event_times())
+        read = seen() or {}
+        event_times = {b: s.event_time_us for b, s in read.items()}
+        sink.commit(generation.number, start, end, results, event_times=event_times)
         chunk_seconds = time.monotonic() - chunk_started
         chunk_records = sum(end[b] - start[b] for b in start)
         rate = chunk_records / max(chunk_seconds, 1e-3)
@@ -150,28 +151,6 @@ def _read(
     if config.source.record_schema:
         reader = reader.schema(config.source.record_schema)
     return reader.load()
-
-
-def _with_event_times(
-    records: DataFrame, config: PipelineConfig, buckets: dict[int, int]
-) -> tuple[DataFrame, Callable[[], dict[int, int | None]]]:
-    """``records`` observed for each bucket's latest event time, and how to get them.
-
-    An observation rides along the aggregation's own job; read it after that job ran.
-    """
-    from pyspark.sql import Observation
-    from pyspark.sql import functions as F
-
-    observation = Observation("event_times")
-    event_time = F.unix_micros(F.col(config.source.event_time))
-    observed = records.observe(
-        observation,
-        *(
-            F.max(F.when(F.col(BUCKET_COLUMN) == b, event_time)).alias(str(b))
-            for b in sorted(buckets)
-        ),
-    )
-    return observed, lambda: {b: observation.get[str(b)] for b in buckets}
 
 
 def _reached(generation: Generation, end: dict[int, int]) -> Generation:

@@ -34,7 +34,12 @@ from typing import TYPE_CHECKING
 from backlog_dagster.log import Topic
 from backlog_dagster.phases.lock import exclusive_run
 from backlog_dagster.phases.markers import current_generation
-from backlog_dagster.phases.transform import partial_results, window_end
+from backlog_dagster.phases.transform import (
+    BucketSeen,
+    observe_buckets,
+    partial_results,
+    window_end,
+)
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink.base import GenerationEnded, Sink
 from backlog_dagster.spark.records import BUCKET_COLUMN, OFFSET_COLUMN
@@ -136,32 +141,26 @@ def _run_realtime(
     superseded: list[str] = []
 
     def commit_batch(batch: DataFrame, batch_id: int) -> None:
-        from pyspark.sql import functions as F
-
-        batch = batch.persist()
+        held = sink.current_generation()
+        assert held is not None
+        windowed = config.transform.window is not None
+        if windowed:
+            batch = batch.persist()  # read twice: its late records, then the aggregation
         try:
-            ranges = (
-                batch.groupBy(BUCKET_COLUMN)
-                .agg(
-                    F.min(OFFSET_COLUMN).alias("low"),
-                    F.max(OFFSET_COLUMN).alias("high"),
-                    F.max(F.unix_micros(F.col(config.source.event_time))).alias("event_time"),
-                )
-                .collect()
-            )
-            if not ranges:
-                return
-            begin = {r[BUCKET_COLUMN]: r["low"] for r in ranges}
-            end = {r[BUCKET_COLUMN]: r["high"] + 1 for r in ranges}
-            event_times = {r[BUCKET_COLUMN]: r["event_time"] for r in ranges}
-            held = sink.current_generation()
-            assert held is not None
-            new = {b: (o, o) for b, o in begin.items() if b not in held.buckets}
-            if new:
-                sink.track_buckets(held.number, new)
-                log(f"realtime: tracking new bucket(s) {sorted(new)}")
-            on_time, late = _split_late(batch, config, sink)
+            observed, seen = observe_buckets(batch, config, sorted(held.buckets))
+            on_time, late = _split_late(observed, config, sink)
             results = partial_results(on_time, config).toArrow()
+            read = seen()
+            if read is None:  # a bucket born since the generation was read: look it up
+                read = _buckets_read(batch, config)
+                new = {b: (s.low, s.low) for b, s in read.items() if b not in held.buckets}
+                held = sink.track_buckets(held.number, new)
+                log(f"realtime: tracking new bucket(s) {sorted(new)}")
+            if not read:
+                return
+            begin = {b: s.low for b, s in read.items()}
+            end = {b: s.high + 1 for b, s in read.items()}
+            event_times = {b: s.event_time_us for b, s in read.items()}
             try:
                 committed = sink.commit(held.number, begin, end, results, late, event_times)
             except GenerationEnded as ended:
@@ -174,7 +173,8 @@ def _run_realtime(
                 if status.first_batch_committed_at is None:
                     status.first_batch_committed_at = time.time()
         finally:
-            batch.unpersist()
+            if windowed:
+                batch.unpersist()
 
     stream = (
         spark.readStream.format(FORMAT)
@@ -216,6 +216,22 @@ def _run_realtime(
         query.stop()
     _refresh(status, query.lastProgress, config, status_sink)
     return status
+
+
+def _buckets_read(batch: DataFrame, config: PipelineConfig) -> dict[int, BucketSeen]:
+    """Per bucket, the offsets and latest event time in ``batch``: a job of its own."""
+    from pyspark.sql import functions as F
+
+    rows = (
+        batch.groupBy(BUCKET_COLUMN)
+        .agg(
+            F.min(OFFSET_COLUMN).alias("low"),
+            F.max(OFFSET_COLUMN).alias("high"),
+            F.max(F.unix_micros(F.col(config.source.event_time))).alias("event_time"),
+        )
+        .collect()
+    )
+    return {r[BUCKET_COLUMN]: BucketSeen(r["low"], r["high"], r["event_time"]) for r in rows}
 
 
 def _split_late(

@@ -62,14 +62,22 @@ def backlog(defs_yaml: Path, checkpoint_interval: float | None) -> None:
 @pipeline_group.command("status")
 @defs_file
 def status(defs_yaml: Path) -> None:
-    """The pipeline's generation, markers and per-bucket progress."""
+    """The pipeline's phase, markers, per-bucket progress, watermark lag and phase history."""
+    import time
+
+    from backlog_dagster.phases.lag import watermark_lag
+
     config = pipeline_of(defs_yaml)
     with open_sink(config) as sink:
         generation = sink.current_generation()
+        history = sink.phase_history()
     if generation is None:
         console.print(f"{config.name}: not started (no markers yet)")
         return
-    table = Table(title=f"{config.name}: generation {generation.number} ({generation.reason})")
+    table = Table(
+        title=f"{config.name}: {history[-1].phase}, generation {generation.number} "
+        f"({generation.reason})"
+    )
     for column in ("bucket", "start", "marker", "reached", "finished"):
         table.add_column(column, justify="right")
     for b in generation.buckets.values():
@@ -81,6 +89,26 @@ def status(defs_yaml: Path) -> None:
             "yes" if b.finished else "no",
         )
     Console().print(table)
+    with Topic(config.source.path) as topic:
+        lag = watermark_lag(generation, topic, config, time.time())
+    threshold = config.backlog.watermark_lag_threshold
+    console.print(
+        f"{lag.describe()}"
+        + ("" if threshold is None else f" (threshold {threshold:g} s)")
+        + (f"; idle buckets {list(lag.idle_buckets)}" if lag.idle_buckets else "")
+    )
+    changes = Table(title="phase history")
+    for column in ("generation", "phase", "changed at (UTC)", "watermark lag (s)", "cause"):
+        changes.add_column(column)
+    for change in history:
+        changes.add_row(
+            str(change.generation),
+            change.phase,
+            time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(change.changed_at)),
+            "" if change.lag_s is None else f"{change.lag_s:,.1f}",
+            change.cause,
+        )
+    Console().print(changes)
 
 
 @pipeline_group.command("reset")

@@ -218,6 +218,11 @@ class SwitchConfig(Frozen):
         description="A realtime run silent this long (its process died) is marked failed and "
         "restarted.",
     )
+    standby: bool = Field(
+        True,
+        description="Start the realtime run while the backlog runs, so its Spark is warm and "
+        "it switches the moment the backlog ends (costs a second Spark driver meanwhile).",
+    )
     grace_period: Duration = Field(
         60,
         ge=0,

@@ -108,8 +108,12 @@ class Sink(Protocol):
 
     def record_phase(
         self, generation: int, phase: str, cause: str, lag_s: float | None = None
-    ) -> None:
-        """Record a phase change, with its cause, in the phase history."""
+    ) -> bool:
+        """Record a change to ``phase``, with its cause, in the phase history.
+
+        Atomic with reading the current phase: a no-op returning False when the phase
+        already is ``phase`` (the sensor and a standby run may both decide the switch).
+        """
 
     def phase_history(self) -> list[PhaseChange]:
         """Every phase change of the pipeline, oldest first."""

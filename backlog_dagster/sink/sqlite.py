@@ -191,9 +191,12 @@ class PipelineState:
 
     def record_phase(
         self, generation: int, phase: str, cause: str, lag_s: float | None = None
-    ) -> None:
+    ) -> bool:
         with self._transaction():
+            if self.phase() == phase:
+                return False
             self._insert_phase(generation, phase, cause, lag_s)
+        return True
 
     def _insert_phase(self, generation: int, phase: str, cause: str, lag_s: float | None) -> None:
         self._db.execute(

@@ -68,13 +68,16 @@ Offsets = dict[str, int]
 
 
 @dataclass(frozen=True)
-class BucketRange(InputPartition):
-    """One Spark task's work: offsets ``[start, end)`` of one bucket."""
+class LogRanges(InputPartition):
+    """One Spark task's work: offsets ``[start, end)`` of one or more buckets.
+
+    A bucket's range is split at ``maxRecordsPerPartition``; small ranges are packed
+    together up to that size, so a micro-batch of a few thousand records over eight
+    buckets is one task, not eight (each task costs a Python worker round trip).
+    """
 
     topic_path: str
-    bucket: int
-    start: int
-    end: int
+    ranges: tuple[tuple[int, int, int], ...]
 
 
 class BucketLogDataSource(DataSource):
@@ -161,25 +164,30 @@ class _Plan:
                 f"option buckets must list bucket ids like 0,3,5, not {spec!r}"
             ) from error
 
-    def partitions(self, start: Mapping[str, int], end: Mapping[str, int]) -> list[BucketRange]:
+    def partitions(self, start: Mapping[str, int], end: Mapping[str, int]) -> list[LogRanges]:
         size = self.max_records_per_partition
         chosen = self.buckets
-        ranges = []
+        pieces = []
         for key, stop in end.items():
             if chosen is not None and key not in chosen:
                 continue
             low = start.get(key, stop)
-            ranges += [
-                BucketRange(self.topic_path, int(key), at, min(at + size, stop))
-                for at in range(low, stop, size)
-            ]
-        return ranges
+            pieces += [(int(key), at, min(at + size, stop)) for at in range(low, stop, size)]
+        partitions: list[LogRanges] = []
+        packed: list[tuple[int, int, int]] = []
+        for piece in pieces:
+            if packed and sum(e - s for _, s, e in packed) + piece[2] - piece[1] > size:
+                partitions.append(LogRanges(self.topic_path, tuple(packed)))
+                packed = []
+            packed.append(piece)
+        if packed:
+            partitions.append(LogRanges(self.topic_path, tuple(packed)))
+        return partitions
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, BucketRange)
-        return read_range(
-            partition.topic_path, partition.bucket, partition.start, partition.end, self.layout
-        )
+        assert isinstance(partition, LogRanges)
+        for bucket, start, end in partition.ranges:
+            yield from read_range(partition.topic_path, bucket, start, end, self.layout)
 
 
 class BatchReader(DataSourceReader):

@@ -1,0 +1,82 @@
+"""The standby realtime run: started while the backlog runs, warm when it ends.
+
+Starting a realtime run only after the switch costs a run launch and a Spark start
+(tens of seconds here) between the last backlog commit and the first realtime one. A
+standby run pays both while the backlog is still running: it starts Spark, runs a tiny
+read through the source so Python workers are up, then watches the sink. As soon as the
+backlog run has let go of the pipeline's lock, it applies the same policy the switch
+sensor does (``phases.policy``), records the switch itself if the policy says so, and
+goes on as the realtime run. The sensor would make the same decision a tick later; the
+phase change is recorded once, whoever makes it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from backlog_dagster.log import Topic
+from backlog_dagster.phases.lag import watermark_lag
+from backlog_dagster.phases.lock import try_exclusive
+from backlog_dagster.phases.policy import decide
+from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.sink.base import Sink
+from backlog_dagster.spark.source import FORMAT
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def warm_up(spark: SparkSession, config: PipelineConfig) -> None:
+    """One tiny read through the source: Spark's Python workers are started by it."""
+    spark.read.format(FORMAT).option("path", config.source.path).load().limit(1).collect()
+
+
+def await_switch(
+    config: PipelineConfig,
+    sink: Sink,
+    generation_number: int,
+    should_stop: Callable[[], bool],
+    log: Callable[[str], None],
+    poll_s: float = 0.2,
+) -> bool:
+    """Wait until the pipeline is (or may now be switched) realtime.
+
+    False when stopped first, or when a newer generation replaced ``generation_number``
+    (the switch sensor then starts another standby for it).
+    """
+    log(f"standby: Spark is up; waiting for generation {generation_number}'s backlog to end")
+    while not should_stop():
+        current = sink.current_generation()
+        if current is None or current.number != generation_number:
+            log(f"standby: generation {generation_number} was replaced; ending")
+            return False
+        if sink.phase() == "realtime":
+            return True
+        with try_exclusive(config, "standby realtime") as held:
+            generation = sink.current_generation() if held else None
+            if generation is not None:
+                now = time.time()
+                lag = None
+                if config.backlog.watermark_lag_threshold is not None:
+                    with Topic(config.source.path) as topic:
+                        lag = watermark_lag(generation, topic, config, now)
+                decision = decide(
+                    config,
+                    phase=sink.phase(),
+                    markers_reached=generation.finished,
+                    lag=lag,
+                    history=sink.phase_history(),
+                    lag_above_since=None,
+                    now=now,
+                )
+                if decision.phase == "realtime" and decision.cause is not None:
+                    cause = f"{decision.cause} (switched by the standby realtime run)"
+                    sink.record_phase(
+                        generation.number, "realtime", cause, None if lag is None else lag.seconds
+                    )
+                    log(f"standby: switched to realtime: {cause}")
+                    return True
+        time.sleep(poll_s)
+    return False

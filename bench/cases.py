@@ -1,0 +1,217 @@
+"""The measured cases of ``bench/run.py``: each times one way of doing the same work.
+
+All of them read the same topic and write the ``customer_totals`` result (per customer:
+sum, count and largest amount) to the same kind of sink, an SQLite file.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from backlog_dagster.components.pipeline import open_sink
+from backlog_dagster.log import Topic
+from backlog_dagster.pipeline.config import PipelineConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+#: The plain streaming query's settings: what a user would pick for a catch-up.
+PLAIN_READ_LIMIT = 100_000
+PLAIN_TRIGGER = "1 second"
+PLAIN_SHUFFLE_PARTITIONS = 4
+
+
+def ours(spark: SparkSession, config: PipelineConfig, interval: float) -> dict[str, Any]:
+    """The backlog phase as the example pipeline runs it, into a fresh sink."""
+    from backlog_dagster.phases.backlog import run_backlog
+
+    started = time.perf_counter()
+    with open_sink(config) as sink:
+        report = run_backlog(spark, config, sink, checkpoint_interval=interval, log=lambda _: None)
+    return {"seconds": time.perf_counter() - started, "records": report.rows_read}
+
+
+def pure_batch(spark: SparkSession, topic: Topic, sink_path: Path) -> dict[str, Any]:
+    """One Spark batch job over every record, its result written to an SQLite table."""
+    started = time.perf_counter()
+    records = spark.read.format("bucketlog").option("path", str(topic.path)).load()
+    result = _totals(records).toArrow()
+    with sqlite3.connect(sink_path) as db:
+        db.execute(
+            "CREATE TABLE customer_totals (customer_id TEXT PRIMARY KEY, total_amount REAL, "
+            "orders INTEGER, largest_amount REAL)"
+        )
+        db.executemany(
+            "INSERT INTO customer_totals VALUES (?, ?, ?, ?)", zip(*_columns(result), strict=True)
+        )
+    return {
+        "seconds": time.perf_counter() - started,
+        "records": sum(topic.latest_offsets().values()),
+    }
+
+
+def plain_streaming(
+    spark: SparkSession, topic: Topic, sink_path: Path, checkpoint: Path
+) -> dict[str, Any]:
+    """An ordinary stateful Structured Streaming query catching up from the earliest offsets.
+
+    Read limit ``PLAIN_READ_LIMIT`` records per trigger, a ``PLAIN_TRIGGER`` trigger, update
+    output mode, ``PLAIN_SHUFFLE_PARTITIONS`` shuffle partitions (Spark's default 200 would
+    make each micro-batch touch 200 state stores), and each micro-batch's changed rows
+    upserted into the SQLite table. Timed until it has taken every record.
+    """
+    total = sum(topic.latest_offsets().values())
+    spark.conf.set("spark.sql.shuffle.partitions", str(PLAIN_SHUFFLE_PARTITIONS))
+    db = sqlite3.connect(sink_path, check_same_thread=False)
+    db.execute(
+        "CREATE TABLE customer_totals (customer_id TEXT PRIMARY KEY, total_amount REAL, "
+        "orders INTEGER, largest_amount REAL)"
+    )
+    done = threading.Event()
+    read = [0]
+
+    def upsert(batch: DataFrame, batch_id: int) -> None:
+        rows = batch.toArrow()
+        with db:
+            db.executemany(
+                "INSERT OR REPLACE INTO customer_totals VALUES (?, ?, ?, ?)",
+                zip(*_columns(rows), strict=True),
+            )
+
+    started = time.perf_counter()
+    stream = (
+        spark.readStream.format("bucketlog")
+        .option("path", str(topic.path))
+        .option("maxRecordsPerTrigger", PLAIN_READ_LIMIT)
+        .load()
+    )
+    query = (
+        _totals(stream)
+        .writeStream.outputMode("update")
+        .foreachBatch(upsert)
+        .trigger(processingTime=PLAIN_TRIGGER)
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+    try:
+        while not done.is_set():
+            query.awaitTermination(0.2)
+            progress = query.recentProgress
+            read[0] = sum(int(p["numInputRows"]) for p in progress) if progress else read[0]
+            if _source_end(query) >= total:
+                done.set()
+        seconds = time.perf_counter() - started
+    finally:
+        query.stop()
+        db.close()
+    return {
+        "seconds": seconds,
+        "records": total,
+        "read_limit_per_trigger": PLAIN_READ_LIMIT,
+        "trigger": PLAIN_TRIGGER,
+        "shuffle_partitions": PLAIN_SHUFFLE_PARTITIONS,
+    }
+
+
+def _source_end(query: Any) -> int:
+    """Records the query has committed: the sum of its last committed end offsets."""
+    import json
+
+    progress = query.lastProgress
+    if not progress or not progress["sources"]:
+        return 0
+    end = progress["sources"][0]["endOffset"]
+    offsets = json.loads(end) if isinstance(end, str) else end
+    return sum(int(v) for v in offsets.values())
+
+
+def _totals(records: DataFrame) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return records.groupBy("customer_id").agg(
+        F.sum("amount").alias("total_amount"),
+        F.count(F.lit(1)).alias("orders"),
+        F.max("amount").alias("largest_amount"),
+    )
+
+
+def _columns(table: pa.Table) -> list[list[Any]]:
+    return [table.column(c).to_pylist() for c in table.column_names]
+
+
+class ProgressPoller(threading.Thread):
+    """Reads a pipeline's per-bucket progress from its sink every ``every_s`` seconds.
+
+    Records when each new offset first became visible to an outside reader: that is
+    when a record's result can be seen.
+    """
+
+    def __init__(self, sink_path: Path, pipeline: str, every_s: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.sink_path, self.pipeline, self.every_s = sink_path, pipeline, every_s
+        self.stopping = threading.Event()
+        self.seen: dict[int, list[tuple[float, int]]] = {}
+
+    def run(self) -> None:
+        db = sqlite3.connect(self.sink_path)
+        last: dict[int, int] = {}
+        while not self.stopping.wait(self.every_s):
+            rows = db.execute(
+                "SELECT bucket, reached FROM backlog_buckets WHERE pipeline = ? AND generation = "
+                "(SELECT max(generation) FROM backlog_buckets WHERE pipeline = ?)",
+                (self.pipeline, self.pipeline),
+            ).fetchall()
+            now = time.time()
+            for bucket, reached in rows:
+                if last.get(bucket) != reached:
+                    last[bucket] = reached
+                    self.seen.setdefault(bucket, []).append((now, reached))
+        db.close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(10)
+
+
+def record_latencies(
+    topic: Topic, poller: ProgressPoller, start: dict[int, int], end: dict[int, int]
+) -> np.ndarray:
+    """Seconds from each record's append to its result being visible, offsets [start, end)."""
+    latencies = []
+    for bucket, first in start.items():
+        seen = poller.seen.get(bucket, [])
+        if not seen or end[bucket] <= first:
+            continue
+        times = np.array([t for t, _ in seen])
+        reached = np.array([r for _, r in seen])
+        offsets, appended = _append_times(topic, bucket, first, end[bucket])
+        # The first poll whose progress passed the offset is when it became visible.
+        index = np.searchsorted(reached, offsets, side="right")
+        ok = index < len(reached)
+        latencies.append(times[index[ok]] - appended[ok])
+    return np.concatenate(latencies) if latencies else np.array([])
+
+
+def _append_times(topic: Topic, bucket: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+    offsets, appended = [], []
+    for first, count, at in topic.append_times(bucket, start, end):
+        low, high = max(first, start), min(first + count, end)
+        offsets.append(np.arange(low, high))
+        appended.append(np.full(high - low, at))
+    return np.concatenate(offsets), np.concatenate(appended)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.2)

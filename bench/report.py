@@ -1,0 +1,170 @@
+"""``bench/run.py``'s figures as a PNG and as the table in ``BENCHMARKS.md``."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+#: BENCHMARKS.md keeps what is between these lines in step with the latest run.
+BEGIN = "<!-- bench/run.py: begin (generated; edit bench/report.py instead) -->"
+END = "<!-- bench/run.py: end -->"
+
+
+def write_plot(figures: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    catch_up = figures["catch_up"]
+    names = [
+        n for n in catch_up if isinstance(catch_up[n], dict) and "records_per_second" in catch_up[n]
+    ]
+    fig, (bars, latency, scale) = plt.subplots(1, 3, figsize=(16, 4.8))
+    rates = [catch_up[n]["records_per_second"] / 1e6 for n in names]
+    bars.bar([n.replace("_", "\n") for n in names], rates, color="#4477aa")
+    bars.set_ylabel("million records/s (median)")
+    bars.set_title(f"catch-up of {catch_up['records']:,} records")
+    for index, rate in enumerate(rates):
+        bars.annotate(f"{rate:.2f}", (index, rate), ha="center", va="bottom")
+
+    for row in figures["realtime_latency"]:
+        edges, counts = row["histogram_s"], row["histogram_counts"]
+        centres = [(a + b) / 2 for a, b in itertools.pairwise(edges)]
+        latency.plot(
+            centres,
+            counts,
+            marker=".",
+            label=f"{row['checkpoint_interval_s']:g} s batches: p50 {row['p50_s']:.2f}, "
+            f"p99 {row['p99_s']:.2f} s",
+        )
+    latency.set_xlabel("append → visible in the sink (s)")
+    latency.set_ylabel("records")
+    latency.set_title(f"realtime latency at {figures['settings']['live_rate']:,} records/s asked")
+    latency.legend(fontsize=8)
+
+    rows = figures["scaling"]
+    scale.plot([r["records"] / 1e6 for r in rows], [r["median_seconds"] for r in rows], "o-")
+    scale.set_xlabel("backlog (million records)")
+    scale.set_ylabel("seconds (median)", color="#4477aa")
+    scale.set_title("backlog time and driver peak memory by size")
+    memory = scale.twinx()
+    memory.plot(
+        [r["records"] / 1e6 for r in rows],
+        [r["driver_peak_rss_mib"] for r in rows],
+        "s--",
+        color="#cc6677",
+    )
+    memory.set_ylabel("driver peak RSS (MiB)", color="#cc6677")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_markdown(figures: dict[str, Any], stem: Path, benchmarks: Path) -> None:
+    """Replace the generated part of ``benchmarks`` (or append it) with this run's tables."""
+    text = benchmarks.read_text() if benchmarks.exists() else "# Benchmarks\n"
+    section = "\n".join([BEGIN, _markdown(figures, stem), END])
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + section + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    benchmarks.write_text(text)
+
+
+def _markdown(figures: dict[str, Any], stem: Path) -> str:
+    catch_up, settings, machine = figures["catch_up"], figures["settings"], figures["machine"]
+    plain = catch_up["plain_streaming"]
+    ratios = catch_up["ratios"]
+    lines = [
+        "## Catch-up, realtime latency and the switch gap (`bench/run.py`)",
+        "",
+        f"Reproduce: `.venv/bin/python bench/run.py --size {figures['preset']}` (presets: "
+        "small, default, reference). Latest run: "
+        f"{figures['date']}, {machine['cpus']} cores, {machine['memory_mib'] // 1024} GiB, "
+        f"PySpark {machine['pyspark']}, Dagster {machine['dagster']}; it took "
+        f"{figures['bench_seconds'] / 60:.1f} minutes. Raw figures: "
+        f"`bench/results/{stem.name}.json`; plot: `bench/results/{stem.name}.png`.",
+        "",
+        f"### Catch-up of {catch_up['records']:,} records (`customer_totals` into SQLite)",
+        "",
+        "| how | records/s (median of 3) | seconds |",
+        "| --- | ---: | ---: |",
+    ]
+    labels = {
+        "ours_interval_0s": "ours: backlog phase, `checkpoint_interval: 0`",
+        f"ours_interval_{settings['positive_interval']:g}s": "ours: backlog phase, "
+        f"`checkpoint_interval: {settings['positive_interval']:g}s`",
+        "pure_batch": "one pure Spark batch job",
+        "plain_streaming": "plain Structured Streaming catch-up",
+    }
+    for name, label in labels.items():
+        row = catch_up[name]
+        lines.append(
+            f"| {label} | {row['records_per_second']:,.0f} | {row['median_seconds']:.2f} |"
+        )
+    lines += [
+        "",
+        f"Ours / plain streaming: **{ratios['ours_over_plain_streaming']:.1f}x** "
+        f"(with the {settings['positive_interval']:g} s interval: "
+        f"{ratios['ours_interval_over_plain_streaming']:.1f}x); ours / pure batch: "
+        f"**{ratios['ours_over_pure_batch']:.2f}x** (targets: ≥ 5x and ≥ 0.9x). The plain "
+        f"query: stateful aggregation in update mode, {plain['read_limit_per_trigger']:,} "
+        f"records per trigger, a {plain['trigger']} processing-time trigger, "
+        f"{plain['shuffle_partitions']} shuffle partitions, changed rows upserted per "
+        "micro-batch.",
+        "",
+        "### Backlog time by size (each size in a fresh process)",
+        "",
+        "| records | seconds (median of 3) | records/s | driver peak RSS (MiB) |",
+        "| ---: | ---: | ---: | ---: |",
+    ]
+    for row in figures["scaling"]:
+        lines.append(
+            f"| {row['records']:,} | {row['median_seconds']:.2f} | "
+            f"{row['records_per_second']:,.0f} | {row['driver_peak_rss_mib']:,.0f} |"
+        )
+    lines += [
+        "",
+        "### Realtime latency (append → result visible in the sink, every record)",
+        "",
+        "| micro-batch interval | records/s reached | records | p50 (s) | p95 (s) | p99 (s) "
+        "| max (s) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in figures["realtime_latency"]:
+        lines.append(
+            f"| {row['checkpoint_interval_s']:g} s | {row['live_rate_reached']:,.0f} | "
+            f"{row['records']:,} | {row['p50_s']:.3f} | {row['p95_s']:.3f} | "
+            f"{row['p99_s']:.3f} | {row['max_s']:.3f} |"
+        )
+    gap = figures["switch_gap"]
+    lines += [
+        "",
+        f"### The switch gap through `dagster dev` ({gap['backlog_records']:,}-record backlog, "
+        f"live {settings['live_rate']:,} records/s, both example pipelines, medians of "
+        f"{len(gap['runs'])})",
+        "",
+        "| pipeline | gap (s) | last backlog commit → phase change | → realtime run launched "
+        "| → run started | → first realtime commit |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name in ("customer_totals", "region_minutes"):
+        row = gap[name]
+        lines.append(
+            f"| {name} | {row['gap_s']:.1f} | {row['to_phase_change_s']:.1f} | "
+            f"{row['to_run_launch_s']:.1f} | {row['to_run_start_s']:.1f} | "
+            f"{row['to_first_commit_s']:.1f} |"
+        )
+    lines += [
+        "",
+        "Peak resident memory during those runs (MiB; largest single process of each kind):",
+        "",
+    ]
+    lines.append(
+        ", ".join(f"{kind} {mib:,.0f}" for kind, mib in sorted(gap["memory_peak_mib"].items()))
+        + "."
+    )
+    return "\n".join(lines)

@@ -1,0 +1,632 @@
+"""Backlog catch-up against plain streaming and pure batch; realtime latency; the switch gap.
+
+    .venv/bin/python bench/run.py [--size small|default|reference]
+
+On the reference ``orders`` workload (8 buckets, event times over five days), same log,
+same transform (``customer_totals``), same sink kind (SQLite), same machine, one run:
+
+1. catch-up of ``compare`` records: ours (the example pipeline's backlog phase, with
+   ``checkpoint_interval`` 0 and 2 s), a plain Structured Streaming query from the
+   earliest offsets (settings in ``bench/cases.py``), one pure Spark batch job;
+2. ours at 1x, 4x and 16x a base size, each size in a fresh process, with the Spark
+   driver's peak memory;
+3. realtime latency: records appended at the live rate, append → result visible in the
+   sink, per record, at two micro-batch intervals;
+4. the switch gap through ``dagster dev`` on the example project (sensor, daemon, real
+   runs): the last backlog commit → the first realtime commit, split into where the time
+   goes, with the peak memory of the Dagster processes and the runs' Spark JVMs.
+
+Figures under a minute are medians of ``repeat`` runs. Writes
+``bench/results/<date>-<size>.json`` and ``.png``, and the table in ``BENCHMARKS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cases import (
+    ProgressPoller,
+    ours,
+    plain_streaming,
+    pure_batch,
+    record_latencies,
+    wait_until,
+)
+from report import write_markdown, write_plot
+
+from backlog_dagster.components.pipeline import open_sink, with_paths_under
+from backlog_dagster.log import Topic, create_topic
+from backlog_dagster.log.workload import (
+    ORDERS_SCHEMA,
+    ORDERS_TIMESTAMP,
+    produce_backlog,
+)
+from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.pipeline.load import load_pipeline
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+EXAMPLE = ROOT / "definitions" / "defs" / "customer_totals" / "defs.yaml"
+BUCKETS = 8
+
+
+@dataclass(frozen=True)
+class Preset:
+    compare: int
+    base: int
+    multiples: tuple[int, ...]
+    live_rate: int
+    latency_seconds: float
+    latency_intervals: tuple[float, ...]
+    gap_backlog: int
+    gap_repeat: int
+    repeat: int = 3
+    positive_interval: float = 2.0
+
+
+PRESETS = {
+    "small": Preset(
+        compare=1_000_000,
+        base=250_000,
+        multiples=(1, 4, 16),
+        live_rate=20_000,
+        latency_seconds=20,
+        latency_intervals=(0.5,),
+        gap_backlog=200_000,
+        gap_repeat=1,
+    ),
+    "default": Preset(
+        compare=4_000_000,
+        base=1_000_000,
+        multiples=(1, 4, 16),
+        live_rate=20_000,
+        latency_seconds=60,
+        latency_intervals=(0.5, 2.0),
+        gap_backlog=1_000_000,
+        gap_repeat=3,
+    ),
+    "reference": Preset(
+        compare=20_000_000,
+        base=1_250_000,
+        multiples=(1, 4, 16),
+        live_rate=20_000,
+        latency_seconds=120,
+        latency_intervals=(0.5, 2.0),
+        gap_backlog=2_000_000,
+        gap_repeat=3,
+    ),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", choices=sorted(PRESETS), default="default")
+    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--scaling-child", nargs=3, metavar=("TOPIC", "SINK_DIR", "REPEAT"))
+    args = parser.parse_args()
+    if args.scaling_child:
+        topic, sinks, repeat = args.scaling_child
+        print(json.dumps(_scaling_child(Path(topic), Path(sinks), int(repeat), args.master)))
+        return
+
+    preset = PRESETS[args.size]
+    scratch = Path(tempfile.mkdtemp(prefix="bench-run-"))
+    started = time.perf_counter()
+    try:
+        figures: dict[str, Any] = {
+            "preset": args.size,
+            "settings": asdict(preset),
+            "machine": machine(),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        figures["catch_up"] = catch_up(scratch, preset, args.master)
+        figures["scaling"] = scaling(scratch, preset, args.master)
+        figures["realtime_latency"] = latency(scratch, preset, args.master)
+        figures["switch_gap"] = switch_gap(scratch, preset)
+        figures["bench_seconds"] = round(time.perf_counter() - started, 1)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = RESULTS / f"{datetime.now(UTC):%Y-%m-%d}-{args.size}"
+    stem.with_suffix(".json").write_text(json.dumps(figures, indent=2) + "\n")
+    write_plot(figures, stem.with_suffix(".png"))
+    write_markdown(figures, stem, ROOT / "BENCHMARKS.md")
+    print(f"wrote {stem}.json, {stem}.png and BENCHMARKS.md in {figures['bench_seconds']:.0f} s")
+
+
+# -- 1. catch-up -------------------------------------------------------------------------
+
+
+def catch_up(scratch: Path, preset: Preset, master: str) -> dict[str, Any]:
+    from backlog_dagster.spark.session import get_session
+
+    topic = _topic(scratch / "compare" / "example" / "orders", preset.compare)
+    spark = get_session(master, app_name="bench-catch-up")
+    spark.sparkContext.setLogLevel("ERROR")
+    config = _example(scratch / "compare")
+    ours(spark, _fresh_sink(config, scratch, "warm-up"), 0)  # Python workers up, for everyone
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for rep in range(preset.repeat):
+        for interval in (0.0, preset.positive_interval):
+            name = f"ours_interval_{interval:g}s"
+            runs.setdefault(name, []).append(
+                ours(spark, _fresh_sink(config, scratch, f"{name}-{rep}"), interval)
+            )
+            _say(name, runs[name][-1])
+        runs.setdefault("pure_batch", []).append(
+            pure_batch(spark, topic, scratch / f"batch-{rep}.sqlite")
+        )
+        _say("pure_batch", runs["pure_batch"][-1])
+        runs.setdefault("plain_streaming", []).append(
+            plain_streaming(
+                spark, topic, scratch / f"plain-{rep}.sqlite", scratch / f"plain-checkpoint-{rep}"
+            )
+        )
+        _say("plain_streaming", runs["plain_streaming"][-1])
+    spark.stop()
+    topic.close()
+    summary = {name: _median_rate(results) for name, results in runs.items()}
+    best_ours = summary["ours_interval_0s"]["records_per_second"]
+    summary["ratios"] = {
+        "ours_over_plain_streaming": best_ours / summary["plain_streaming"]["records_per_second"],
+        "ours_over_pure_batch": best_ours / summary["pure_batch"]["records_per_second"],
+        "ours_interval_over_plain_streaming": summary[
+            f"ours_interval_{preset.positive_interval:g}s"
+        ]["records_per_second"]
+        / summary["plain_streaming"]["records_per_second"],
+    }
+    summary["records"] = preset.compare
+    return summary
+
+
+# -- 2. scaling ----------------------------------------------------------------------------
+
+
+def scaling(scratch: Path, preset: Preset, master: str) -> list[dict[str, Any]]:
+    rows = []
+    for multiple in preset.multiples:
+        records = preset.base * multiple
+        folder = scratch / f"scale-{multiple}"
+        _topic(folder / "orders", records).close()
+        child = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--master",
+                master,
+                "--scaling-child",
+                str(folder / "orders"),
+                str(folder),
+                str(preset.repeat),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        result = json.loads(child.stdout.strip().splitlines()[-1])
+        result["records"] = records
+        result["multiple"] = multiple
+        result["median_seconds"] = statistics.median(result["seconds"])
+        result["records_per_second"] = records / result["median_seconds"]
+        rows.append(result)
+        print(
+            f"scaling {multiple:>2}x ({records:,}): {result['median_seconds']:.2f} s, "
+            f"driver peak {result['driver_peak_rss_mib']:,.0f} MiB"
+        )
+        shutil.rmtree(folder, ignore_errors=True)
+    return rows
+
+
+def _scaling_child(topic: Path, folder: Path, repeat: int, master: str) -> dict[str, Any]:
+    from backlog_dagster.spark.session import get_session
+
+    spark = get_session(master, app_name="bench-scaling")
+    spark.sparkContext.setLogLevel("ERROR")
+    config = _example(folder)
+    ours(spark, _fresh_sink(config, folder, "warm-up", topic), 0)
+    seconds = [
+        ours(spark, _fresh_sink(config, folder, f"run-{rep}", topic), 0)["seconds"]
+        for rep in range(repeat)
+    ]
+    jvm = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()  # type: ignore[union-attr]
+    return {"seconds": seconds, "driver_peak_rss_mib": _peak_rss_mib(int(jvm))}
+
+
+# -- 3. realtime latency -------------------------------------------------------------------
+
+
+def latency(scratch: Path, preset: Preset, master: str) -> list[dict[str, Any]]:
+    from backlog_dagster.spark.session import get_session
+
+    spark = get_session(master, app_name="bench-latency")
+    spark.sparkContext.setLogLevel("ERROR")
+    rows = [_latency_at(spark, scratch, preset, interval) for interval in preset.latency_intervals]
+    spark.stop()
+    return rows
+
+
+def _latency_at(
+    spark: SparkSession, scratch: Path, preset: Preset, interval: float
+) -> dict[str, Any]:
+    from backlog_dagster.phases.backlog import run_backlog
+    from backlog_dagster.phases.realtime import run_realtime
+
+    folder = scratch / f"latency-{interval:g}"
+    topic = _topic(folder / "example" / "orders", 100_000)
+    config = _example(folder)
+    config = config.model_copy(
+        update={"realtime": config.realtime.model_copy(update={"checkpoint_interval": interval})}
+    )
+    with open_sink(config) as sink:
+        run_backlog(spark, config, sink, log=lambda _: None)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def realtime() -> None:
+        try:
+            with open_sink(config) as sink, open_sink(config) as status_sink:
+                run_realtime(
+                    spark,
+                    config,
+                    sink,
+                    status_sink,
+                    checkpoint_dir=folder / "checkpoint",
+                    should_stop=stop.is_set,
+                    log=lambda _: None,
+                )
+        except BaseException as error:
+            errors.append(error)
+
+    runner = threading.Thread(target=realtime, daemon=True)
+    runner.start()
+    time.sleep(15)  # the query's first (empty) batches; Python workers are warm already
+    poller = ProgressPoller(Path(config.sink.path), config.name)
+    poller.start()
+    start = topic.latest_offsets()
+    subprocess.run(
+        [
+            str(Path(sys.executable).with_name("backlog-dagster")),
+            "log",
+            "produce",
+            str(topic.path),
+            "--records",
+            "0",
+            "--live-rate",
+            str(preset.live_rate),
+            "--live-seconds",
+            str(preset.latency_seconds),
+            "--seed",
+            "7",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    end = topic.latest_offsets()
+    wait_until(_caught_up(config, end), 300, "realtime to take the live records")
+    time.sleep(0.5)
+    poller.stop()
+    stop.set()
+    runner.join(120)
+    topic.close()
+    if errors:
+        raise errors[0]
+    seconds = record_latencies(topic, poller, start, end)
+    produced = sum(end[b] - start[b] for b in end)
+    counts, edges = np.histogram(seconds, bins=40)
+    row = {
+        "checkpoint_interval_s": interval,
+        "live_rate_asked": preset.live_rate,
+        "live_rate_reached": produced / preset.latency_seconds,
+        "records": len(seconds),
+        "p50_s": float(np.percentile(seconds, 50)),
+        "p95_s": float(np.percentile(seconds, 95)),
+        "p99_s": float(np.percentile(seconds, 99)),
+        "max_s": float(seconds.max()),
+        "histogram_s": edges.tolist(),
+        "histogram_counts": counts.tolist(),
+    }
+    print(
+        f"latency at {interval:g} s batches, {row['live_rate_reached']:,.0f} records/s: "
+        f"p50 {row['p50_s']:.3f} s, p95 {row['p95_s']:.3f} s, p99 {row['p99_s']:.3f} s",
+        flush=True,
+    )
+    return row
+
+
+def _caught_up(config: PipelineConfig, end: dict[int, int]) -> Any:
+    def check() -> bool:
+        with open_sink(config) as sink:
+            generation = sink.current_generation()
+        assert generation is not None
+        return all(generation.buckets[b].reached >= offset for b, offset in end.items())
+
+    return check
+
+
+# -- 4. the switch gap through dagster dev -------------------------------------------------
+
+
+def switch_gap(scratch: Path, preset: Preset) -> dict[str, Any]:
+    from backlog_dagster.components.dev_server import dagster_dev
+
+    runs = []
+    for rep in range(preset.gap_repeat):
+        data = scratch / f"gap-{rep}"
+        _topic(data / "example" / "orders", preset.gap_backlog).close()
+        producer = subprocess.Popen(
+            [
+                str(Path(sys.executable).with_name("backlog-dagster")),
+                "log",
+                "produce",
+                str(data / "example" / "orders"),
+                "--records",
+                "0",
+                "--live-rate",
+                str(preset.live_rate),
+                "--seed",
+                str(10 + rep),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        memory = MemorySampler()
+        try:
+            with dagster_dev(ROOT, data / "dagster_home", data) as server:
+                memory.watch(server.pid)
+                sink = data / "example" / "results.sqlite"
+                wait_until(
+                    lambda sink=sink: all(_first_realtime_commit(sink, p) for p in PIPELINES),
+                    900,
+                    "both pipelines to commit in realtime",
+                )
+                runs.append(
+                    {p: _gap_parts(sink, p, data / "dagster_home") for p in PIPELINES}
+                    | {"memory_peak_mib": memory.stop()}
+                )
+        finally:
+            memory.stop()
+            producer.terminate()
+            producer.wait(30)
+        for name in PIPELINES:
+            print(f"switch gap {name}: {runs[-1][name]}")
+        shutil.rmtree(data, ignore_errors=True)
+    summary: dict[str, Any] = {"runs": runs, "backlog_records": preset.gap_backlog}
+    for name in PIPELINES:
+        summary[name] = {
+            part: statistics.median(run[name][part] for run in runs) for part in runs[0][name]
+        }
+    summary["memory_peak_mib"] = {
+        kind: max(run["memory_peak_mib"].get(kind, 0) for run in runs)
+        for kind in {k for run in runs for k in run["memory_peak_mib"]}
+    }
+    return summary
+
+
+PIPELINES = ("customer_totals", "region_minutes")
+
+
+def _first_realtime_commit(sink: Path, pipeline: str) -> float | None:
+    import sqlite3
+
+    if not sink.exists():
+        return None
+    with sqlite3.connect(sink) as db:
+        try:
+            (first,) = db.execute(
+                "SELECT min(committed_at) FROM backlog_commits WHERE pipeline = ? AND phase = "
+                "'realtime'",
+                (pipeline,),
+            ).fetchone()
+        except sqlite3.OperationalError:
+            return None
+    return first
+
+
+def _gap_parts(sink: Path, pipeline: str, home: Path) -> dict[str, float]:
+    """Last backlog commit → phase recorded → realtime run started → first realtime commit."""
+    import sqlite3
+
+    import dagster as dg
+
+    with sqlite3.connect(sink) as db:
+        (generation, switched) = db.execute(
+            "SELECT generation, changed_at FROM backlog_phases WHERE pipeline = ? AND phase = "
+            "'realtime' ORDER BY rowid LIMIT 1",
+            (pipeline,),
+        ).fetchone()
+        (last_backlog,) = db.execute(
+            "SELECT max(committed_at) FROM backlog_commits WHERE pipeline = ? AND generation = ? "
+            "AND phase = 'backlog'",
+            (pipeline, generation),
+        ).fetchone()
+    first_realtime = _first_realtime_commit(sink, pipeline)
+    assert first_realtime is not None
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        runs = instance.get_runs(filters=dg.RunsFilter(job_name=f"{pipeline}_realtime_job"))
+        first_run = min(runs, key=lambda r: instance.get_run_stats(r.run_id).launch_time or 0)
+        stats = instance.get_run_stats(first_run.run_id)
+    launched = stats.launch_time or switched
+    run_started = stats.start_time or launched
+    return {
+        "gap_s": first_realtime - last_backlog,
+        "to_phase_change_s": switched - last_backlog,
+        "to_run_launch_s": launched - switched,
+        "to_run_start_s": run_started - launched,
+        "to_first_commit_s": first_realtime - run_started,
+    }
+
+
+class MemorySampler(threading.Thread):
+    """Peak resident memory (MiB) of every process under ``dagster dev``, by kind."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.root: int | None = None
+        self.peaks: dict[str, float] = {}
+        self.stopping = threading.Event()
+
+    def watch(self, pid: int) -> None:
+        self.root = pid
+        self.start()
+
+    def run(self) -> None:
+        while not self.stopping.wait(1.0):
+            assert self.root is not None
+            totals: dict[str, float] = {}
+            for pid in _descendants(self.root) | {self.root}:
+                kind = _kind(pid)
+                rss = _rss_mib(pid)
+                self.peaks[kind] = max(self.peaks.get(kind, 0.0), rss)
+                totals[kind] = totals.get(kind, 0.0) + rss
+            total = sum(totals.values())
+            self.peaks["all_processes_total"] = max(self.peaks.get("all_processes_total", 0), total)
+
+    def stop(self) -> dict[str, float]:
+        self.stopping.set()
+        if self.is_alive():
+            self.join(5)
+        return {k: round(v, 1) for k, v in self.peaks.items()}
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        children.setdefault(int(text.rsplit(")", 1)[1].split()[1]), []).append(
+            int(text.split(" ", 1)[0])
+        )
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _kind(pid: int) -> str:
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "gone"
+    for needle, kind in (
+        ("java", "spark_jvm (per run)"),
+        ("pyspark.daemon", "spark_python_workers"),
+        ("dagster-webserver", "dagster_webserver"),
+        ("dagster-daemon", "dagster_daemon"),
+        ("api grpc", "code_server"),
+        ("api execute_run", "run_worker"),
+        ("execute_step", "run_step"),
+    ):
+        if needle in command:
+            return kind
+    return "dagster_dev_and_others"
+
+
+def _rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def _topic(path: Path, records: int) -> Topic:
+    topic = create_topic(path, ORDERS_SCHEMA, timestamp_column=ORDERS_TIMESTAMP, buckets=BUCKETS)
+    produce_backlog(topic, records, days=5)
+    return topic
+
+
+def _example(data: Path) -> PipelineConfig:
+    """The example project's customer_totals pipeline, its paths under ``data``."""
+    return with_paths_under(load_pipeline(EXAMPLE), data)
+
+
+def _fresh_sink(
+    config: PipelineConfig, scratch: Path, name: str, topic: Path | None = None
+) -> PipelineConfig:
+    source = (
+        config.source if topic is None else config.source.model_copy(update={"path": str(topic)})
+    )
+    sink = config.sink.model_copy(update={"path": str(scratch / f"{name}.sqlite")})
+    return config.model_copy(update={"source": source, "sink": sink})
+
+
+def _median_rate(results: list[dict[str, Any]]) -> dict[str, Any]:
+    seconds = [r["seconds"] for r in results]
+    median = statistics.median(seconds)
+    extra = {k: v for k, v in results[0].items() if k not in ("seconds", "records")}
+    return {
+        "seconds": seconds,
+        "median_seconds": median,
+        "records_per_second": results[0]["records"] / median,
+        **extra,
+    }
+
+
+def _say(name: str, result: dict[str, Any]) -> None:
+    print(
+        f"{name}: {result['records']:,} records in {result['seconds']:.2f} s "
+        f"({result['records'] / result['seconds']:,.0f}/s)",
+        flush=True,
+    )
+
+
+def machine() -> dict[str, Any]:
+    memory = next(
+        int(line.split()[1]) // 1024
+        for line in Path("/proc/meminfo").read_text().splitlines()
+        if line.startswith("MemTotal:")
+    )
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
+    import dagster
+    import pyspark
+
+    return {
+        "cpus": os.cpu_count(),
+        "memory_mib": memory,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "pyspark": pyspark.__version__,
+        "dagster": dagster.__version__,
+        "java": java.splitlines()[0] if java else "unknown",
+    }
+
+
+if __name__ == "__main__":
+    main()
