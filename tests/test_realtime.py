@@ -14,7 +14,9 @@ from pyspark.sql import SparkSession
 from backlog_dagster.components.pipeline import open_sink
 from backlog_dagster.log import Topic
 from backlog_dagster.phases.backlog import run_backlog
+from backlog_dagster.phases.markers import continue_backlog, current_generation
 from backlog_dagster.phases.realtime import BacklogNotFinished, run_realtime
+from backlog_dagster.phases.standby import await_switch
 from backlog_dagster.pipeline.config import PipelineConfig
 from tests.conftest import MakeTopic, append_orders
 from tests.pipelines import (
@@ -178,3 +180,40 @@ def test_a_killed_realtime_run_restarts_with_no_loss_or_duplicate(
         results = sink.read_results().to_pandas()
     oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
     assert_same(results, oracle, ["customer_id"])
+
+
+def test_a_standby_run_switches_the_moment_the_backlog_lets_go(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(records=200_000, buckets=2)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    switched: list[bool] = []
+
+    def standby(generation: int) -> None:
+        with open_sink(config) as sink:
+            switched.append(
+                await_switch(config, sink, generation, lambda: False, print, poll_s=0.05)
+            )
+
+    with open_sink(config) as sink:
+        generation = current_generation(sink, topic, config, print)  # the markers
+        waiting = threading.Thread(target=standby, args=(generation.number,))
+        waiting.start()
+        time.sleep(1)
+        assert waiting.is_alive()  # nothing reached the markers yet: it waits
+        run_backlog(spark, config, sink, log=print)
+        ended = time.time()
+        waiting.join(30)
+        assert switched == [True]
+        change = sink.phase_history()[-1]
+        assert change.phase == "realtime"
+        assert change.cause == (
+            "every bucket reached its marker (switched by the standby realtime run)"
+        )
+        assert change.changed_at - ended < 1.0
+
+        # A standby for a generation that a newer one replaced ends without switching.
+        with Topic(config.source.path) as log:
+            continue_backlog(sink, log, config, "test", None, print)
+    standby(generation.number)
+    assert switched == [True, False]
