@@ -3,7 +3,8 @@
 Each tick (no Spark; well under Dagster's 60 s tick limit) reads the sink, and the log
 where the watermark-lag strategy needs it:
 
-- no markers yet → request the backlog run (which takes them);
+- no markers yet → take them (the log's end offsets, durable before any work) and
+  request the backlog run, and beside it a standby realtime run;
 - a bucket that reached its marker for the first time → one asset observation naming
   bucket, marker and offset reached (the Fluss seed's BacklogFinishEvent); the set of
   reported buckets lives in the cursor, so restarts of the sensor or daemon do not
@@ -34,9 +35,9 @@ from typing import Any
 
 import dagster as dg
 
-from backlog_dagster.log import Topic
-from backlog_dagster.phases.lag import Lag, watermark_lag
-from backlog_dagster.phases.markers import continue_backlog
+from backlog_dagster.log import Topic, TopicError
+from backlog_dagster.phases.lag import watermark_lag
+from backlog_dagster.phases.markers import continue_backlog, current_generation
 from backlog_dagster.phases.policy import (
     FLAP_WINDOW_S,
     decide,
@@ -132,17 +133,15 @@ def switch_sensor(
                         f"process is gone; the switch sensor restarts the {phase} phase",
                     )
                     last[phase] = context.instance.get_run_by_id(run.run_id)
-            generation = sink.current_generation()
+            generation = _markers(context, config, sink)
             if generation is not None:
                 cursor = _for_generation(cursor, generation.number)
                 events += _finish_events(generation, cursor, asset_of["backlog"])
                 paused = _cancelled_by_user(context, last["realtime"])
-                generation, lag = _decide(
-                    context, config, sink, generation, cursor, now, paused, last
-                )
+                generation = _decide(context, config, sink, generation, cursor, now, paused, last)
                 cursor = _for_generation(cursor, generation.number)
                 history = sink.phase_history()
-                events += _phase_events(history, cursor, asset_of, config, lag, now)
+                events += _phase_events(history, cursor, asset_of, config, now)
             phase = sink.phase()
             number = 0 if generation is None else generation.number
         request, skip = _run_request(
@@ -169,6 +168,26 @@ def switch_sensor(
         )
 
     return switch
+
+
+def _markers(
+    context: dg.SensorEvaluationContext, config: PipelineConfig, sink: SqliteSink
+) -> Generation | None:
+    """The current generation; on the pipeline's first tick, its markers are taken here.
+
+    Taking them in the tick (the log's end offsets: no Spark) rather than in the backlog
+    run lets the standby realtime run start beside the backlog run, not a Spark start
+    later. A topic that is not there yet is left to the backlog run to report.
+    """
+    generation = sink.current_generation()
+    if generation is not None:
+        return generation
+    try:
+        with Topic(config.source.path) as topic:
+            return current_generation(sink, topic, config, context.log.info)
+    except (TopicError, OSError, ValueError) as error:
+        context.log.warning(f"{config.name}: no markers yet: {error}")
+        return None
 
 
 def _last_run(context: dg.SensorEvaluationContext, job: str) -> dg.DagsterRun | None:
@@ -221,8 +240,8 @@ def _decide(
     now: float,
     paused: bool,
     last: dict[str, dg.DagsterRun | None],
-) -> tuple[Generation, Lag | None]:
-    """Apply the phase policy; returns the (possibly new) generation and the lag used."""
+) -> Generation:
+    """Apply the phase policy; returns the generation, a new one if it went back."""
     threshold = config.backlog.watermark_lag_threshold
     with Topic(config.source.path) as topic:
         lag = None if threshold is None else watermark_lag(generation, topic, config, now)
@@ -271,7 +290,7 @@ def _decide(
                 lag_s,
                 context.log.info,
             )
-    return generation, lag
+    return generation
 
 
 def _phase_events(
@@ -279,7 +298,6 @@ def _phase_events(
     cursor: dict[str, Any],
     asset_of: dict[str, dg.AssetKey],
     config: PipelineConfig,
-    lag: Lag | None,
     now: float,
 ) -> list[dg.AssetObservation | dg.AssetCheckEvaluation]:
     """Each phase change not reported yet, once, with the history so far and the check."""
