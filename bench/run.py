@@ -444,7 +444,7 @@ def _first_realtime_commit(sink: Path, pipeline: str) -> float | None:
 
 
 def _gap_parts(sink: Path, pipeline: str, home: Path) -> dict[str, float]:
-    """Last backlog commit → phase recorded → realtime run started → first realtime commit."""
+    """The switch, timed from the last backlog commit (negative: before it)."""
     import sqlite3
 
     import dagster as dg
@@ -465,15 +465,17 @@ def _gap_parts(sink: Path, pipeline: str, home: Path) -> dict[str, float]:
     with dg.DagsterInstance.from_config(str(home)) as instance:
         runs = instance.get_runs(filters=dg.RunsFilter(job_name=f"{pipeline}_realtime_job"))
         first_run = min(runs, key=lambda r: instance.get_run_stats(r.run_id).launch_time or 0)
-        stats = instance.get_run_stats(first_run.run_id)
-    launched = stats.launch_time or switched
-    run_started = stats.start_time or launched
+        launched = instance.get_run_stats(first_run.run_id).launch_time or switched
+        logged = [(e.user_message or "", e.timestamp) for e in instance.all_logs(first_run.run_id)]
+    started = next((t for m, t in logged if m.startswith("realtime: starting")), first_realtime)
+    ready = next((t for m, t in logged if m.startswith("standby: Spark is up")), started)
     return {
         "gap_s": first_realtime - last_backlog,
-        "to_phase_change_s": switched - last_backlog,
-        "to_run_launch_s": launched - switched,
-        "to_run_start_s": run_started - launched,
-        "to_first_commit_s": first_realtime - run_started,
+        "phase_change_s": switched - last_backlog,
+        "realtime_run_launched_s": launched - last_backlog,
+        "spark_ready_s": ready - last_backlog,
+        "query_started_s": started - last_backlog,
+        "first_batch_s": first_realtime - started,
     }
 
 
@@ -496,11 +498,13 @@ class MemorySampler(threading.Thread):
             totals: dict[str, float] = {}
             for pid in _descendants(self.root) | {self.root}:
                 kind = _kind(pid)
+                if kind == "gone":
+                    continue
                 rss = _rss_mib(pid)
                 self.peaks[kind] = max(self.peaks.get(kind, 0.0), rss)
                 totals[kind] = totals.get(kind, 0.0) + rss
             total = sum(totals.values())
-            self.peaks["all_processes_total"] = max(self.peaks.get("all_processes_total", 0), total)
+            self.peaks["sum_of_all"] = max(self.peaks.get("sum_of_all", 0), total)
 
     def stop(self) -> dict[str, float]:
         self.stopping.set()
@@ -533,17 +537,18 @@ def _kind(pid: int) -> str:
     except OSError:
         return "gone"
     for needle, kind in (
-        ("java", "spark_jvm (per run)"),
-        ("pyspark.daemon", "spark_python_workers"),
-        ("dagster-webserver", "dagster_webserver"),
-        ("dagster-daemon", "dagster_daemon"),
+        ("java", "spark_jvm"),
+        ("pyspark", "spark_python_worker"),
+        ("dagster_webserver", "dagster_webserver"),
+        ("dagster._daemon", "dagster_daemon"),
+        ("code-server", "code_server"),
         ("api grpc", "code_server"),
-        ("api execute_run", "run_worker"),
-        ("execute_step", "run_step"),
+        ("execute_run", "run_worker"),
+        ("spawn_main", "run_step_process"),
     ):
         if needle in command:
             return kind
-    return "dagster_dev_and_others"
+    return "dagster_dev"
 
 
 def _rss_mib(pid: int) -> float:

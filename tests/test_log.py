@@ -62,6 +62,18 @@ def test_offset_for_time_finds_the_first_record_at_or_after_it(make_topic: MakeT
     assert topic.offset_for_time(0, 1_790_000_000_000_000 + 5000) == 1000
 
 
+def test_the_latest_record_time_of_a_range_matches_its_records(make_topic: MakeTopic) -> None:
+    topic = make_topic(records=200_000, buckets=2)  # several blobs per bucket
+    for bucket, bounds in topic.bounds().items():
+        for start, end in [(0, bounds.latest), (1_000, 70_000), (65_536, 65_537), (5, 5)]:
+            times = [
+                t
+                for batch in topic.read(bucket, start, end)
+                for t in batch.column("event_time").cast(pa.int64()).to_pylist()
+            ]
+            assert topic.max_record_time(bucket, start, end) == (max(times) if times else None)
+
+
 def test_append_refuses_records_that_do_not_fit(make_topic: MakeTopic) -> None:
     topic = make_topic(records=0, buckets=1)
     with pytest.raises(ValueError, match="bucket 0: records lack the column"):

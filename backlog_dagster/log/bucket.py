@@ -153,6 +153,29 @@ class Bucket:
         times = _decode(data).column(self.timestamp_column).cast(pa.int64())
         return int(times[offset - first_offset].as_py())
 
+    def max_record_time(self, start: int, end: int) -> int | None:
+        """The latest record time (µs) among offsets ``[start, end)``; None if empty.
+
+        Blobs wholly inside the range answer from their stored ``max_time_us``; only the
+        (at most two) blobs cut by the range's ends are decoded.
+        """
+        latest = None
+        for first_offset, count, max_time in self._db.execute(
+            "SELECT first_offset, record_count, max_time_us FROM blobs "
+            "WHERE first_offset + record_count > ? AND first_offset < ?",
+            (start, end),
+        ).fetchall():
+            if first_offset < start or first_offset + count > end:
+                (data,) = self._db.execute(
+                    "SELECT data FROM blobs WHERE first_offset = ?", (first_offset,)
+                ).fetchone()
+                low, high = max(start, first_offset), min(end, first_offset + count)
+                times = _decode(data).column(self.timestamp_column).cast(pa.int64())
+                max_time = pc.max(times.slice(low - first_offset, high - low)).as_py()
+            if max_time is not None and (latest is None or max_time > latest):
+                latest = max_time
+        return latest
+
     def append_times(self, start: int, end: int) -> list[tuple[int, int, float]]:
         """``(first offset, records, appended at)`` of each stored blob overlapping [start, end)."""
         return self._db.execute(

@@ -117,6 +117,9 @@ class Topic:
     def record_time(self, bucket_id: int, offset: int) -> int:
         return self.bucket(bucket_id).record_time(offset)
 
+    def max_record_time(self, bucket_id: int, start: int, end: int) -> int | None:
+        return self.bucket(bucket_id).max_record_time(start, end)
+
     def append_times(self, bucket_id: int, start: int, end: int) -> list[tuple[int, int, float]]:
         return self.bucket(bucket_id).append_times(start, end)
 
