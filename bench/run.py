@@ -103,7 +103,7 @@ PRESETS = {
         live_rate=20_000,
         latency_seconds=60,
         latency_intervals=(0.5, 2.0),
-        gap_backlog=1_000_000,
+        gap_backlog=2_000_000,
         gap_repeat=3,
     ),
     "reference": Preset(
@@ -113,7 +113,7 @@ PRESETS = {
         live_rate=20_000,
         latency_seconds=120,
         latency_intervals=(0.5, 2.0),
-        gap_backlog=2_000_000,
+        gap_backlog=4_000_000,
         gap_repeat=3,
     ),
 }

@@ -162,22 +162,28 @@ def test_sensor_runs_backlog_then_switches_to_realtime_with_its_own_config(
         instance.dispose()
 
 
-def test_a_daemon_restart_mid_backlog_reports_each_bucket_once(
+def test_a_daemon_restart_mid_backlog_reports_each_bucket_once_then_a_stall_goes_back(
     make_topic: MakeTopic, tmp_path: Path
 ) -> None:
-    """Dagster (daemon, code server, the backlog run) stops mid-backlog and comes back."""
-    topic = make_topic(records=1_000_000, buckets=4, name="example/orders")
+    """Dagster (daemon, code server, the backlog run) stops mid-backlog and comes back.
+
+    Then region_minutes' realtime run stalls long enough to send it back into backlog.
+    """
+    topic = make_topic(records=400_000, buckets=4, name="example/orders")
     home = tmp_path / "dagster_home"
     with dagster_dev(home, tmp_path):
         instance = dg.DagsterInstance.from_config(str(home))
-        wait_until(
-            lambda: (
-                sum(sink_state(tmp_path, "customer_totals")[1].values()) == 0
-                and bool(sink_state(tmp_path, "customer_totals")[1])
-            ),
-            300,
-            "the backlog to take its markers",
-        )
+
+        def backlog_started() -> bool:
+            runs = runs_of(instance, "customer_totals_backlog_job")
+            held = sink_state(tmp_path, "customer_totals")[1]
+            return (
+                bool(held)
+                and sum(held.values()) == 0
+                and any(r.status == dg.DagsterRunStatus.STARTED for r in runs)
+            )
+
+        wait_until(backlog_started, 300, "the markers and a started backlog run")
         first = runs_of(instance, "customer_totals_backlog_job")[0]
     markers = topic.latest_offsets()  # nothing is appended in this test: the log's end
     with dagster_dev(home, tmp_path):
@@ -200,6 +206,9 @@ def test_a_daemon_restart_mid_backlog_reports_each_bucket_once(
         assert finishes() == [0, 1, 2, 3]
         assert sink_state(tmp_path, "customer_totals")[1] == markers
         assert_example_customer_totals(tmp_path, topic.path, markers)
+
+        # Same session (one Dagster start less): the way back and the return, for real.
+        stall_region_minutes_and_see_it_come_back(instance, tmp_path, topic)
         instance.dispose()
 
 
@@ -267,36 +276,44 @@ def phase_history(data: Path, pipeline: str) -> list[tuple[int, str, float | Non
         ).fetchall()
 
 
-def test_a_stalled_realtime_run_sends_the_pipeline_back_into_backlog_and_back(
-    make_topic: MakeTopic, tmp_path: Path
+def stall_region_minutes_and_see_it_come_back(
+    instance: dg.DagsterInstance, data: Path, topic: Topic
 ) -> None:
-    """The example's region_minutes (lag threshold 2 min) through the real daemon."""
-    topic = make_topic(records=20_000, buckets=2, name="example/orders")
-    home = tmp_path / "dagster_home"
+    """The example's region_minutes (lag threshold 2 min) goes back into backlog and returns.
+
+    Its realtime run's Spark JVM is stopped while records keep arriving: the run's
+    heartbeat goes on, the watermark does not, and once the lag has been above the
+    threshold for the grace period the sensor goes back into backlog.
+    """
+
+    def realtime_run() -> dg.DagsterRun | None:
+        runs = runs_of(instance, "region_minutes_realtime_job")
+        started = [r for r in runs if r.status == dg.DagsterRunStatus.STARTED]
+        return started[0] if started else None
+
     producer = LiveProducer(topic.path, per_second=1_000)
+    before = realtime_commits(data, "region_minutes")
     producer.start()
-    with dagster_dev(home, tmp_path):
-        instance = dg.DagsterInstance.from_config(str(home))
-
-        def realtime_run() -> dg.DagsterRun | None:
-            runs = runs_of(instance, "region_minutes_realtime_job")
-            started = [r for r in runs if r.status == dg.DagsterRunStatus.STARTED]
-            return started[0] if started else None
-
-        def committed_live() -> bool:
-            return realtime_run() is not None and realtime_commits(tmp_path, "region_minutes") > 0
-
-        wait_until(committed_live, 400, "region_minutes to commit in realtime")
+    try:
+        wait_until(
+            lambda: (
+                sink_state(data, "region_minutes")[0] == "realtime"
+                and realtime_commits(data, "region_minutes") > before + 1
+            ),
+            400,
+            "region_minutes to commit live records in realtime",
+        )
         run = realtime_run()
         assert run is not None
         stalled = spark_jvms_of(instance, run.run_id)
         assert stalled, "no Spark JVM under the realtime run"
-        for pid in stalled:  # the query stalls; the run's heartbeat goes on
+        seen = len(phase_history(data, "region_minutes"))
+        for pid in stalled:
             os.kill(pid, signal.SIGSTOP)
         try:
 
             def went_back() -> bool:
-                history = phase_history(tmp_path, "region_minutes")
+                history = phase_history(data, "region_minutes")[seen - 1 :]
                 return any(
                     a[1] == "realtime" and b[1] == "backlog" and b[2] is not None
                     for a, b in itertools.pairwise(history)
@@ -307,33 +324,34 @@ def test_a_stalled_realtime_run_sends_the_pipeline_back_into_backlog_and_back(
             for pid in stalled:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
-        way_back = len(phase_history(tmp_path, "region_minutes"))
+        way_back = len(phase_history(data, "region_minutes"))
         wait_until(
             lambda: any(
-                p == "realtime"
-                for _, p, _, _ in phase_history(tmp_path, "region_minutes")[way_back:]
+                p == "realtime" for _, p, _, _ in phase_history(data, "region_minutes")[way_back:]
             ),
             400,
             "the switch back to realtime",
         )
         wait_until(lambda: realtime_run() is not None, 300, "the next realtime run")
+    finally:
         producer.stop()
-        wait_until(
-            lambda: sink_state(tmp_path, "region_minutes")[1] == topic.latest_offsets(),
-            300,
-            "realtime to catch up",
-        )
-        history = phase_history(tmp_path, "region_minutes")
-        print("\nregion_minutes phase history:")
-        for generation, phase, lag, cause in history:
-            print(f"  g{generation} {phase:8} lag={lag} {cause}")
-        back = next(
-            b for a, b in itertools.pairwise(history) if a[1] == "realtime" and b[1] == "backlog"
-        )
-        assert back[2] > 120 and "above the threshold 120 s" in back[3]
-        # The stalled run ended by itself once it could see its generation was replaced.
-        assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.SUCCESS  # type: ignore[union-attr]
-        observed = observations(instance, "region_minutes_backlog", "is_backlog")
-        assert any(m["generation"].value == back[0] and "watermark_lag_s" in m for m in observed)
-        assert_example_region_minutes(tmp_path, topic.path)
-        instance.dispose()
+    wait_until(
+        lambda: sink_state(data, "region_minutes")[1] == topic.latest_offsets(),
+        300,
+        "realtime to catch up",
+    )
+    history = phase_history(data, "region_minutes")
+    print("\nregion_minutes phase history:")
+    for generation, phase, lag, cause in history:
+        print(f"  g{generation} {phase:8} lag={lag} {cause}")
+    back = next(
+        b
+        for a, b in itertools.pairwise(history[seen - 1 :])
+        if a[1] == "realtime" and b[1] == "backlog"
+    )
+    assert back[2] > 120 and "above the threshold 120 s" in back[3]
+    # The stalled run ended by itself once it could see its generation was replaced.
+    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.SUCCESS  # type: ignore[union-attr]
+    observed = observations(instance, "region_minutes_backlog", "is_backlog")
+    assert any(m["generation"].value == back[0] and "watermark_lag_s" in m for m in observed)
+    assert_example_region_minutes(data, topic.path)
