@@ -101,9 +101,9 @@ PRESETS = {
         base=1_000_000,
         multiples=(1, 4, 16),
         live_rate=20_000,
-        latency_seconds=60,
+        latency_seconds=45,
         latency_intervals=(0.5, 2.0),
-        gap_backlog=2_000_000,
+        gap_backlog=1_500_000,
         gap_repeat=3,
     ),
     "reference": Preset(
@@ -464,10 +464,17 @@ def _gap_parts(sink: Path, pipeline: str, home: Path) -> dict[str, float]:
     assert first_realtime is not None
     with dg.DagsterInstance.from_config(str(home)) as instance:
         runs = instance.get_runs(filters=dg.RunsFilter(job_name=f"{pipeline}_realtime_job"))
-        first_run = min(runs, key=lambda r: instance.get_run_stats(r.run_id).launch_time or 0)
-        launched = instance.get_run_stats(first_run.run_id).launch_time or switched
-        logged = [(e.user_message or "", e.timestamp) for e in instance.all_logs(first_run.run_id)]
-    started = next((t for m, t in logged if m.startswith("realtime: starting")), first_realtime)
+        # The run that started the query: an earlier standby may have ended unused when
+        # its generation was replaced.
+        for run in sorted(runs, key=lambda r: instance.get_run_stats(r.run_id).launch_time or 0):
+            logged = [(e.user_message or "", e.timestamp) for e in instance.all_logs(run.run_id)]
+            starts = [t for m, t in logged if m.startswith("realtime: starting")]
+            if starts:
+                launched = instance.get_run_stats(run.run_id).launch_time or switched
+                break
+        else:
+            raise RuntimeError(f"no realtime run of {pipeline} started its query")
+    started = starts[0]
     ready = next((t for m, t in logged if m.startswith("standby: Spark is up")), started)
     return {
         "gap_s": first_realtime - last_backlog,
