@@ -175,6 +175,7 @@ class Timeline:
         with PipelineState(sink_path, name) as state:
             generation = state.current_generation()
             history = state.phase_history()
+            phase = state.phase()
         if generation is None:
             return 0
         marks = ", ".join(f"{b.bucket}:{b.marker:,}" for b in generation.buckets.values())
@@ -199,10 +200,12 @@ class Timeline:
         if runs and runs[0].status == dg.DagsterRunStatus.STARTED:
             config = runs[0].run_config.get("ops")
             self.say(
-                f"{name} realtime",
-                f"{name}: realtime run {runs[0].run_id[:8]} started with {config}",
+                f"{name} realtime {runs[0].run_id}",
+                f"{name}: realtime run {runs[0].run_id[:8]} started with {config}"
+                + (" (a standby, warming up while the backlog runs)" if phase == "backlog" else ""),
             )
-            return 1
+            # Watched from the switch on: a standby run is up long before it.
+            return 1 if phase == "realtime" else 0
         return 0
 
     def _lag_line(self) -> None:
