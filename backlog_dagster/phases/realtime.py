@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backlog_dagster.log import Topic
+from backlog_dagster.phases.lag import watermark_lag
 from backlog_dagster.phases.lock import exclusive_run
 from backlog_dagster.phases.markers import current_generation
 from backlog_dagster.phases.transform import (
@@ -268,16 +269,14 @@ def _refresh(
     status.offsets = {b: s.reached for b, s in generation.buckets.items()}
     with Topic(config.source.path) as topic:
         latest = topic.latest_offsets()
+        # The same watermark lag the switch decides on, not a second definition of it.
+        lag = watermark_lag(generation, topic, config, time.time())
     status.offset_lag = {b: latest[b] - status.offsets.get(b, 0) for b in latest}
     if progress:
         status.records_per_s = float(progress.get("processedRowsPerSecond") or 0.0)
-    latest_event = sink.max_event_time()
-    if latest_event is not None and config.transform.window is not None:
-        watermark = _parse(latest_event) - timedelta(
-            seconds=config.transform.window.allowed_lateness
-        )
-        status.watermark = watermark.isoformat()
-        status.watermark_lag_s = (datetime.now(UTC) - watermark).total_seconds()
+    if lag.watermark_us is not None:
+        status.watermark = datetime.fromtimestamp(lag.watermark_us / 1e6, UTC).isoformat()
+        status.watermark_lag_s = lag.seconds
 
 
 def _parse(iso: str) -> datetime:
