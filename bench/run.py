@@ -52,6 +52,7 @@ from cases import (
 )
 from report import write_markdown, write_plot
 
+from backlog_dagster.components.dev_server import process_kind, processes_under
 from backlog_dagster.components.pipeline import open_sink, with_paths_under
 from backlog_dagster.log import Topic, create_topic
 from backlog_dagster.log.workload import (
@@ -503,8 +504,8 @@ class MemorySampler(threading.Thread):
         while not self.stopping.wait(1.0):
             assert self.root is not None
             totals: dict[str, float] = {}
-            for pid in _descendants(self.root) | {self.root}:
-                kind = _kind(pid)
+            for pid in processes_under(self.root) | {self.root}:
+                kind = process_kind(pid)
                 if kind == "gone":
                     continue
                 rss = _rss_mib(pid)
@@ -518,44 +519,6 @@ class MemorySampler(threading.Thread):
         if self.is_alive():
             self.join(5)
         return {k: round(v, 1) for k, v in self.peaks.items()}
-
-
-def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        children.setdefault(int(text.rsplit(")", 1)[1].split()[1]), []).append(
-            int(text.split(" ", 1)[0])
-        )
-    found, todo = set(), [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def _kind(pid: int) -> str:
-    try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return "gone"
-    for needle, kind in (
-        ("java", "spark_jvm"),
-        ("pyspark", "spark_python_worker"),
-        ("dagster_webserver", "dagster_webserver"),
-        ("dagster._daemon", "dagster_daemon"),
-        ("code-server", "code_server"),
-        ("api grpc", "code_server"),
-        ("execute_run", "run_worker"),
-        ("spawn_main", "run_step_process"),
-    ):
-        if needle in command:
-            return kind
-    return "dagster_dev"
 
 
 def _rss_mib(pid: int) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -32,9 +33,24 @@ class DevServer:
 @contextmanager
 def dagster_dev(project: Path, home: Path, data: Path, timeout: float = 300) -> Iterator[DevServer]:
     """Webserver, daemon and code server with ``DAGSTER_HOME=home``; stopped on exit."""
+    server, process = start_dagster_dev(project, home, data, timeout)
+    try:
+        yield server
+    finally:
+        stop_dagster_dev(process)
+
+
+def start_dagster_dev(
+    project: Path, home: Path, data: Path, timeout: float = 300
+) -> tuple[DevServer, subprocess.Popen[bytes]]:
+    """Start ``dagster dev`` in a session of its own and wait until its webserver answers.
+
+    Its output goes to ``home/dagster-dev.log`` (appended to, so a restart keeps the
+    earlier output).
+    """
     home.mkdir(parents=True, exist_ok=True)
     port, log_path = _free_port(), home / "dagster-dev.log"
-    with log_path.open("w") as log:
+    with log_path.open("a") as log:
         process = subprocess.Popen(
             [
                 str(Path(sys.executable).with_name("dagster")),
@@ -52,17 +68,64 @@ def dagster_dev(project: Path, home: Path, data: Path, timeout: float = 300) -> 
             start_new_session=True,
             env={**os.environ, "DAGSTER_HOME": str(home), DATA_ENV: str(data)},
         )
-        server = DevServer(port, log_path, process.pid)
+    server = DevServer(port, log_path, process.pid)
+    try:
+        _wait_until_up(server, process, timeout)
+    except BaseException:
+        stop_dagster_dev(process)
+        raise
+    return server, process
+
+
+def stop_dagster_dev(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the whole session (daemon, webserver, code server, runs); SIGKILL after 60 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def processes_under(root: int) -> set[int]:
+    """Every live descendant of process ``root`` (from ``/proc``; Linux only)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            _wait_until_up(server, process, timeout)
-            yield server
-        finally:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+            text = stat.read_text()
+        except OSError:
+            continue
+        children.setdefault(int(text.rsplit(")", 1)[1].split()[1]), []).append(
+            int(text.split(" ", 1)[0])
+        )
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def process_kind(pid: int) -> str:
+    """What a process under ``dagster dev`` is, from its command line; ``gone`` if it ended."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "gone"
+    for needle, kind in (
+        ("java", "spark_jvm"),
+        ("pyspark", "spark_python_worker"),
+        ("dagster_webserver", "dagster_webserver"),
+        ("dagster._daemon", "dagster_daemon"),
+        ("code-server", "code_server"),
+        ("api grpc", "code_server"),
+        ("execute_run", "run_worker"),
+        ("spawn_main", "run_step_process"),
+    ):
+        if needle in command:
+            return kind
+    return "dagster_dev"
 
 
 def _wait_until_up(server: DevServer, process: subprocess.Popen[bytes], timeout: float) -> None:
