@@ -49,8 +49,10 @@ from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink.base import Generation, PhaseChange
 from backlog_dagster.sink.sqlite import PipelineState, SqliteSink
 
-#: A failed run is restarted no sooner than this, so a persistent failure (a missing
-#: topic, say) does not launch a run every tick.
+#: A run that failed within this long of its start is restarted no sooner than this
+#: after it ended, so a persistent failure (a missing topic, say) does not launch a run
+#: every tick. A run that failed after working longer (its process was killed, say) is
+#: restarted at once.
 RETRY_AFTER_S = 30
 
 ACTIVE = [
@@ -392,10 +394,13 @@ def _run_request(
     if (
         previous is not None
         and previous.status == dg.DagsterRunStatus.FAILURE
-        and _ended_ago(context, previous) < RETRY_AFTER_S
+        and _failed_early(context, previous)
         and phase not in died
     ):
-        return None, f"the {phase} run {previous.run_id} failed; retrying {RETRY_AFTER_S} s after"
+        return None, (
+            f"the {phase} run {previous.run_id} failed soon after it started; retrying "
+            f"{RETRY_AFTER_S} s after it ended"
+        )
     attempt_field = f"{phase}_attempt"
     attempt = cursor.get(attempt_field, 1) if number else 1
     if previous is not None:
@@ -467,9 +472,12 @@ def _silent(
     return time.time() - seen > config.switch.heartbeat_timeout
 
 
-def _ended_ago(context: dg.SensorEvaluationContext, run: dg.DagsterRun) -> float:
+def _failed_early(context: dg.SensorEvaluationContext, run: dg.DagsterRun) -> bool:
+    """The run failed within ``RETRY_AFTER_S`` of its start, less than that ago."""
     stats = context.instance.get_run_stats(run.run_id)
-    return time.time() - (stats.end_time or stats.launch_time or 0)
+    ended = stats.end_time or stats.launch_time or 0
+    started = stats.start_time or stats.launch_time or ended
+    return time.time() - ended < RETRY_AFTER_S and ended - started < RETRY_AFTER_S
 
 
 def _cancelled_by_user(context: dg.SensorEvaluationContext, run: dg.DagsterRun | None) -> bool:
