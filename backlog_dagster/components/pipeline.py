@@ -75,8 +75,10 @@ class BacklogPipeline(dg.Component):
     ``data_root``.
     """
 
-    def __init__(self, config: PipelineConfig) -> None:
+    def __init__(self, config: PipelineConfig, defs_file: Path | None = None) -> None:
         self.config = config
+        #: The YAML file the pipeline was declared in: errors at run time name it.
+        self.defs_file = defs_file
 
     @classmethod
     def get_schema(cls) -> type[PipelineConfig]:
@@ -86,7 +88,9 @@ class BacklogPipeline(dg.Component):
     def load(cls, attributes: BaseModel | None, context: dg.ComponentLoadContext) -> Self:
         if not isinstance(attributes, PipelineConfig):
             raise ValueError(f"{context.path}: a BacklogPipeline needs attributes")
-        return cls(with_paths_under(attributes, data_root(Path(context.project_root))))
+        folder = Path(context.path)
+        defs_file = folder / "defs.yaml" if folder.is_dir() else folder
+        return cls(with_paths_under(attributes, data_root(Path(context.project_root))), defs_file)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         from backlog_dagster.components.switch import switch_sensor
@@ -97,7 +101,7 @@ class BacklogPipeline(dg.Component):
             for phase in ("backlog", "realtime")
         ]
         return dg.Definitions(
-            assets=[backlog_asset(config), realtime_asset(config)],
+            assets=[backlog_asset(config, self.defs_file), realtime_asset(config, self.defs_file)],
             asset_checks=[keeps_up_check(config)],
             jobs=jobs,
             sensors=[switch_sensor(config, jobs)],
@@ -116,7 +120,25 @@ def with_paths_under(config: PipelineConfig, root: Path) -> PipelineConfig:
     return config.model_copy(update={"source": source, "sink": sink})
 
 
-def backlog_asset(pipeline: PipelineConfig) -> dg.AssetsDefinition:
+@contextmanager
+def user_errors(defs_file: Path | None) -> Iterator[None]:
+    """A mistake the user can fix (config against the source, bad record, truncated log,
+    unreachable sink, state of another definition) fails the run with a message naming
+    the file, not with a stack trace to dig through."""
+    from backlog_dagster.phases.bad_records import BadRecord
+    from backlog_dagster.phases.markers import DefinitionChanged
+    from backlog_dagster.phases.transform import TransformError
+    from backlog_dagster.phases.truncation import LogTruncated
+    from backlog_dagster.sink.base import SinkUnreachable
+
+    try:
+        yield
+    except (BadRecord, DefinitionChanged, LogTruncated, SinkUnreachable, TransformError) as error:
+        where = f"{defs_file}: " if defs_file is not None else ""
+        raise dg.Failure(description=f"{where}{error}", allow_retries=False) from None
+
+
+def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg.AssetsDefinition:
     @dg.asset(
         name=f"{pipeline.name}_backlog",
         group_name=pipeline.name,
@@ -131,7 +153,7 @@ def backlog_asset(pipeline: PipelineConfig) -> dg.AssetsDefinition:
         from backlog_dagster.phases.backlog import run_backlog
         from backlog_dagster.spark.session import get_session
 
-        with heartbeat(pipeline, context.run_id):
+        with user_errors(defs_file), heartbeat(pipeline, context.run_id):
             spark = get_session(pipeline.spark_master, app_name=f"backlog-{pipeline.name}")
             settings = pipeline.backlog
             if config.shuffle_partitions is not None:
@@ -154,7 +176,13 @@ def backlog_asset(pipeline: PipelineConfig) -> dg.AssetsDefinition:
                     checkpoint_interval=config.checkpoint_interval,
                     log=context.log.info,
                 )
-        return dg.MaterializeResult(metadata=report_metadata(report))
+                in_table = sink.dead_letter_count()
+        metadata = report_metadata(report)
+        metadata["dead_letters_in_table"] = dg.MetadataValue.int(in_table)
+        metadata["dead_letter_table"] = dg.MetadataValue.text(
+            f"{pipeline.sink.path}:{pipeline.sink.table}_dead_letters"
+        )
+        return dg.MaterializeResult(metadata=metadata)
 
     return backlog
 
@@ -183,7 +211,7 @@ def heartbeat(pipeline: PipelineConfig, run_id: str) -> Iterator[None]:
         thread.join()
 
 
-def realtime_asset(pipeline: PipelineConfig) -> dg.AssetsDefinition:
+def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg.AssetsDefinition:
     key = dg.AssetKey(f"{pipeline.name}_realtime")
 
     @dg.asset(
@@ -206,6 +234,7 @@ def realtime_asset(pipeline: PipelineConfig) -> dg.AssetsDefinition:
         )
         try:
             with (
+                user_errors(defs_file),
                 heartbeat(pipeline, context.run_id),
                 open_sink(pipeline) as sink,
                 open_sink(pipeline) as status_sink,
@@ -274,6 +303,7 @@ def status_metadata(status: "RealtimeStatus") -> dict[str, dg.MetadataValue]:
         "batches": dg.MetadataValue.int(status.batches),
         "records": dg.MetadataValue.int(status.records),
         "late_records": dg.MetadataValue.int(status.late_records),
+        "bad_records": dg.MetadataValue.int(status.bad_records),
         "offset_lag": dg.MetadataValue.int(sum(status.offset_lag.values())),
         "records_per_s": dg.MetadataValue.float(round(status.records_per_s, 1)),
         "offsets": dg.MetadataValue.json({str(b): o for b, o in status.offsets.items()}),
@@ -296,6 +326,8 @@ def report_metadata(report: "BacklogReport") -> dict[str, dg.MetadataValue]:
         "generation": dg.MetadataValue.int(report.generation),
         "rows_read": dg.MetadataValue.int(report.rows_read),
         "rows_written": dg.MetadataValue.int(report.rows_written),
+        "bad_records": dg.MetadataValue.int(report.bad_records),
+        "skipped_records": dg.MetadataValue.int(report.skipped_records),
         "chunks": dg.MetadataValue.int(report.chunks),
         "duration_s": dg.MetadataValue.float(round(report.seconds, 3)),
         "records_per_s": dg.MetadataValue.float(round(report.records_per_second, 1)),

@@ -24,6 +24,7 @@ bucket, offset, event time and the watermark then.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,15 +33,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backlog_dagster.log import Topic
+from backlog_dagster.phases.bad_records import BadRecord, collect, refuse_bad_records
 from backlog_dagster.phases.lag import watermark_lag
 from backlog_dagster.phases.lock import exclusive_run
 from backlog_dagster.phases.markers import current_generation
 from backlog_dagster.phases.transform import (
     BucketSeen,
+    check_against_source,
     observe_buckets,
     partial_results,
+    read_schema,
+    source_schema,
     window_end,
 )
+from backlog_dagster.phases.truncation import handle_truncation, removed_unread
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink.base import GenerationEnded, Sink
 from backlog_dagster.spark.records import BUCKET_COLUMN, OFFSET_COLUMN
@@ -49,6 +55,7 @@ from backlog_dagster.spark.source import FORMAT
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
 
 
 class BacklogNotFinished(RuntimeError):
@@ -62,6 +69,8 @@ class RealtimeStatus:
     batches: int = 0
     records: int = 0
     late_records: int = 0
+    #: Records set aside in the dead-letter table.
+    bad_records: int = 0
     offsets: dict[int, int] = field(default_factory=dict)
     offset_lag: dict[int, int] = field(default_factory=dict)
     watermark: str | None = None
@@ -124,7 +133,10 @@ def _run_realtime(
     shuffle_partitions: int | None,
 ) -> RealtimeStatus:
     with Topic(config.source.path) as topic:
+        check_against_source(config, source_schema(config, topic))
+        schema = read_schema(config, topic)
         generation = current_generation(sink, topic, config, log)
+        generation = handle_truncation(sink, topic, config, generation, log)
     if not generation.finished and config.backlog.boundary == "markers":
         left = {
             b.bucket: b.marker - b.reached for b in generation.buckets.values() if not b.finished
@@ -136,12 +148,13 @@ def _run_realtime(
     for key, value in streaming_settings(config, shuffle_partitions).items():
         spark.conf.set(key, value)
     interval = checkpoint_interval or config.realtime.checkpoint_interval
-    start = {str(b): s.reached for b, s in sorted(generation.buckets.items())}
-    log(f"realtime: starting at offsets {start}, micro-batches every {interval:g} s")
     status = RealtimeStatus()
     superseded: list[str] = []
+    refused: list[BadRecord] = []
 
     def commit_batch(batch: DataFrame, batch_id: int) -> None:
+        if refused:
+            return  # the run is stopping on a bad record; commit nothing after it
         held = sink.current_generation()
         assert held is not None
         windowed = config.transform.window is not None
@@ -150,7 +163,12 @@ def _run_realtime(
         try:
             observed, seen = observe_buckets(batch, config, sorted(held.buckets))
             on_time, late = _split_late(observed, config, sink)
-            results = partial_results(on_time, config).toArrow()
+            aggregated = collect(partial_results(on_time, config))
+            try:
+                refuse_bad_records(config, aggregated.dead_letters)
+            except BadRecord as bad:
+                refused.append(bad)
+                return
             read = seen()
             if read is None:  # a bucket born since the generation was read: look it up
                 read = _buckets_read(batch, config)
@@ -163,7 +181,15 @@ def _run_realtime(
             end = {b: s.high + 1 for b, s in read.items()}
             event_times = {b: s.event_time_us for b, s in read.items()}
             try:
-                committed = sink.commit(held.number, begin, end, results, late, event_times)
+                committed = sink.commit(
+                    held.number,
+                    begin,
+                    end,
+                    aggregated.results,
+                    late,
+                    event_times,
+                    aggregated.dead_letters,
+                )
             except GenerationEnded as ended:
                 superseded.append(str(ended))
                 return
@@ -171,22 +197,71 @@ def _run_realtime(
                 status.batches += 1
                 status.records += sum(end[b] - begin[b] for b in end)
                 status.late_records += 0 if late is None else late.num_rows
+                status.bad_records += aggregated.dead_letters.num_rows
                 if status.first_batch_committed_at is None:
                     status.first_batch_committed_at = time.time()
         finally:
             if windowed:
                 batch.unpersist()
 
+    while True:
+        start = {str(b): s.reached for b, s in sorted(generation.buckets.items())}
+        log(f"realtime: starting at offsets {start}, micro-batches every {interval:g} s")
+        query = _start_query(spark, config, schema, start, commit_batch, interval, checkpoint_dir)
+        try:
+            next_report = time.monotonic()
+            while not should_stop() and not refused:
+                if query.awaitTermination(1):
+                    break
+                current = status_sink.current_generation()
+                if superseded or (current is not None and current.number != generation.number):
+                    log(
+                        f"realtime: generation {generation.number} was replaced "
+                        f"({current.reason if current else 'gone'}); stopping"
+                    )
+                    break
+                if time.monotonic() >= next_report:
+                    _refresh(status, query.lastProgress, config, status_sink)
+                    on_status(status)
+                    next_report = time.monotonic() + status_every_s
+            error = query.exception()
+        finally:
+            query.stop()
+        if refused:
+            raise refused[0]
+        if error is None:
+            break
+        # The query failed: if retention removed records under it, say so or skip them
+        # and start the query again from the progress the sink holds.
+        with Topic(config.source.path) as topic:
+            held = status_sink.current_generation()
+            if held is None or not removed_unread(held, topic):
+                raise RuntimeError(f"pipeline {config.name}: the realtime query failed: {error}")
+            generation = handle_truncation(sink, topic, config, held, log)
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    _refresh(status, query.lastProgress, config, status_sink)
+    return status
+
+
+def _start_query(
+    spark: SparkSession,
+    config: PipelineConfig,
+    schema: str | None,
+    start: dict[str, int],
+    commit_batch: Callable[[DataFrame, int], None],
+    interval: float,
+    checkpoint_dir: Path,
+) -> StreamingQuery:
     stream = (
         spark.readStream.format(FORMAT)
         .option("path", config.source.path)
         .option("startingOffsets", json.dumps(start))
     )
-    if config.source.record_schema:
-        stream = stream.schema(config.source.record_schema)
+    if schema:
+        stream = stream.schema(schema)
     if config.realtime.max_records_per_trigger:
         stream = stream.option("maxRecordsPerTrigger", config.realtime.max_records_per_trigger)
-    query = (
+    return (
         stream.load()
         .writeStream.queryName(f"{config.name}_realtime")
         .foreachBatch(commit_batch)
@@ -194,29 +269,6 @@ def _run_realtime(
         .option("checkpointLocation", str(checkpoint_dir))
         .start()
     )
-    try:
-        next_report = time.monotonic()
-        while not should_stop():
-            if query.awaitTermination(1):
-                break
-            current = status_sink.current_generation()
-            if superseded or (current is not None and current.number != generation.number):
-                log(
-                    f"realtime: generation {generation.number} was replaced "
-                    f"({current.reason if current else 'gone'}); stopping"
-                )
-                break
-            if time.monotonic() >= next_report:
-                _refresh(status, query.lastProgress, config, status_sink)
-                on_status(status)
-                next_report = time.monotonic() + status_every_s
-        error = query.exception()
-        if error is not None:
-            raise RuntimeError(f"pipeline {config.name}: the realtime query failed: {error}")
-    finally:
-        query.stop()
-    _refresh(status, query.lastProgress, config, status_sink)
-    return status
 
 
 def _buckets_read(batch: DataFrame, config: PipelineConfig) -> dict[int, BucketSeen]:
@@ -246,7 +298,8 @@ def _split_late(
     if window is None or latest is None:
         return batch, None
     watermark = _parse(latest) - timedelta(seconds=window.allowed_lateness)
-    closed = window_end(config) <= F.lit(watermark)
+    # A record without an event time is not late: it goes on to the dead-letter table.
+    closed = F.coalesce(window_end(config) <= F.lit(watermark), F.lit(False))
     late = (
         batch.where(closed)
         .select(

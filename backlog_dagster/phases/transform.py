@@ -2,47 +2,138 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
+from backlog_dagster.log import Payload, Topic
+from backlog_dagster.log.schema import SchemaError, parse_ddl
+from backlog_dagster.phases.bad_records import dead_letter, parse_problem
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.results import WINDOW_END, WINDOW_START, Partial, layout_of
-from backlog_dagster.spark.records import BUCKET_COLUMN, OFFSET_COLUMN
+from backlog_dagster.spark.records import BUCKET_COLUMN, CORRUPT_COLUMN, ERROR_COLUMN, OFFSET_COLUMN
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
+_PLAIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
 
 class TransformError(ValueError):
-    """The transform names something the source does not have."""
+    """The pipeline names something its source does not have.
+
+    The message starts with the field's path under ``attributes``, so a caller that
+    knows the YAML file puts its name in front.
+    """
+
+
+def source_schema(config: PipelineConfig, topic: Topic) -> pa.Schema:
+    """The record columns the pipeline reads: the declared schema, else the topic's own."""
+    if config.source.record_schema is not None:
+        try:
+            return parse_ddl(config.source.record_schema)
+        except SchemaError as error:
+            raise TransformError(f"attributes.source.record_schema: {error}") from error
+    if topic.payload is Payload.JSON:
+        raise TransformError(
+            f"attributes.source.record_schema: topic {topic.name} holds JSON text; declare "
+            "the columns to read from it, e.g. 'id BIGINT, amount DOUBLE, ts TIMESTAMP'"
+        )
+    return topic.schema
+
+
+def read_schema(config: PipelineConfig, topic: Topic) -> str | None:
+    """The DDL to read a declared schema with: plus the bucket and offset columns, and for
+    a JSON topic the columns that receive records that do not parse (so those reach the
+    dead-letter table, not a stack trace). None: the source's own schema."""
+    declared = config.source.record_schema
+    if declared is None:
+        return None
+    needed = {BUCKET_COLUMN: "INT", OFFSET_COLUMN: "BIGINT"}
+    if topic.payload is Payload.JSON:
+        needed |= {CORRUPT_COLUMN: "STRING", ERROR_COLUMN: "STRING"}
+    names = parse_ddl(declared).names
+    return ", ".join([declared, *(f"{c} {t}" for c, t in needed.items() if c not in names)])
+
+
+def check_against_source(config: PipelineConfig, source: pa.Schema) -> None:
+    """Refuse, before any Spark work, a pipeline naming columns its source does not have."""
+    transform = config.transform
+    columns = ", ".join(source.names)
+    event_time = config.source.event_time
+    needs = " (a window needs it)" if transform.window is not None else ""
+    if event_time not in source.names:
+        raise TransformError(
+            f"attributes.source.event_time: {event_time!r} is not a column of the source"
+            f"{needs}; its columns: {columns}"
+        )
+    if not pa.types.is_timestamp(source.field(event_time).type):
+        raise TransformError(
+            f"attributes.source.event_time: {event_time!r} is {source.field(event_time).type}, "
+            f"not a TIMESTAMP{needs}; name a TIMESTAMP column or derive one under "
+            "transform.columns"
+        )
+    known = set(source.names) | set(transform.columns)
+    for index, key in enumerate(transform.keys):
+        if key not in known:
+            raise TransformError(
+                f"attributes.transform.keys.{index}: {key!r} is not a column of the source "
+                f"nor one of transform.columns; the source's columns: {columns}"
+            )
+    for index, aggregation in enumerate(transform.aggregations):
+        column = aggregation.column
+        if column is not None and _PLAIN_NAME.match(column) and column not in known:
+            raise TransformError(
+                f"attributes.transform.aggregations.{index}.column: {column!r} is not a column "
+                f"of the source nor one of transform.columns; the source's columns: {columns}"
+            )
+
+
+@contextmanager
+def _naming(field: str, expression: str) -> Iterator[None]:
+    """Turn Spark's analysis error over ``expression`` into one naming the field."""
+    from pyspark.errors import AnalysisException
+
+    try:
+        yield
+    except AnalysisException as error:
+        reason = str(error).strip().splitlines()[0]
+        raise TransformError(
+            f"attributes.{field}: Spark cannot use {expression!r}: {reason}"
+        ) from None
 
 
 def partial_results(records: DataFrame, config: PipelineConfig) -> DataFrame:
-    """Filter, derive, (window,) group by the keys and compute each partial aggregate."""
+    """Filter, derive, (window,) group by the keys and compute each partial aggregate.
+
+    Bad records come out as rows of their own (see ``phases.bad_records``); a filter
+    never drops a record that did not parse.
+    """
     from pyspark.sql import functions as F
 
     transform = config.transform
+    parsed = parse_problem(records)
     if transform.filter:
-        records = records.where(F.expr(transform.filter))
+        keep = F.expr(transform.filter)
+        with _naming("transform.filter", transform.filter):
+            records = records.where(keep if parsed is None else keep | parsed.isNotNull())
     for name, expression in transform.columns.items():
-        records = records.withColumn(name, F.expr(expression))
-    missing = [k for k in transform.keys if k not in records.columns]
-    if missing:
-        raise TransformError(
-            f"pipeline {config.name}: transform.keys names {', '.join(missing)}, which the "
-            f"source does not have (columns: {', '.join(records.columns)})"
-        )
+        with _naming(f"transform.columns.{name}", expression):
+            records = records.withColumn(name, F.expr(expression))
     group: list[Column] = [F.col(k) for k in transform.keys]
     if transform.window is not None:
-        if config.source.event_time not in records.columns:
-            raise TransformError(
-                f"pipeline {config.name}: a window needs source.event_time, and "
-                f"{config.source.event_time!r} is not a source column"
-            )
         size = f"{round(transform.window.size * 1_000_000)} microseconds"
         window = F.window(F.col(config.source.event_time), size)
         group += [window.start.alias(WINDOW_START), window.end.alias(WINDOW_END)]
+    group.append(dead_letter(records, config, parsed))
+    for index, aggregation in enumerate(transform.aggregations):
+        if aggregation.column is not None:
+            with _naming(f"transform.aggregations.{index}.column", aggregation.column):
+                records.select(F.expr(aggregation.column))
     aggregates = [_partial(p) for p in layout_of(transform, config.source.event_time).partials]
     return records.groupBy(*group).agg(*aggregates)
 

@@ -104,6 +104,18 @@ class SourceConfig(Frozen):
         description="A bucket with nothing left to read and no record appended for this long "
         "is idle: it does not hold the pipeline in backlog by watermark lag (FLIP-328).",
     )
+    on_bad_record: Literal["dead_letter", "fail"] = Field(
+        "dead_letter",
+        description="dead_letter: a record that does not parse or lacks a value the "
+        "transform needs goes to the <table>_dead_letters table with its bucket, offset, "
+        "payload and reason, and the run goes on; fail: the run stops, naming the record.",
+    )
+    on_truncation: Literal["fail", "skip"] = Field(
+        "fail",
+        description="When retention removed records the pipeline had not read yet. fail: "
+        "stop with an error naming the buckets and offsets; skip: go on from the earliest "
+        "offset the log holds, logging and counting the records skipped.",
+    )
 
 
 class WindowConfig(Frozen):

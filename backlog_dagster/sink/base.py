@@ -67,6 +67,14 @@ class GenerationEnded(ProgressConflict):
     """A commit to a generation that a newer one replaced (the switch went back, or a reset)."""
 
 
+#: The dead-letter table's columns: where a bad record is, what it held, why it is bad.
+DEAD_LETTER_COLUMNS = ("bucket", "offset", "payload", "reason")
+
+
+class SinkUnreachable(RuntimeError):
+    """The sink cannot be opened; the message names the field and what to check."""
+
+
 class Sink(Protocol):
     def current_generation(self) -> Generation | None:
         """The newest generation, or None before the pipeline first started."""
@@ -95,13 +103,17 @@ class Sink(Protocol):
         results: pa.Table,
         late: pa.Table | None = None,
         event_times: Mapping[int, int | None] | None = None,
+        dead_letters: pa.Table | None = None,
     ) -> bool:
-        """Merge ``results``, keep ``late`` records, move progress ``start`` → ``end``, atomically.
+        """Merge ``results``, keep ``late`` and ``dead_letters``, move progress, atomically.
 
         ``event_times`` is the latest event time (µs) per bucket among the records
         committed. Returns False, changing nothing, when exactly this commit was already
         made; raises ``GenerationEnded`` when ``generation`` is no longer the newest.
         """
+
+    def skip(self, generation: int, gaps: dict[int, tuple[int, int]]) -> None:
+        """Move past offsets ``{bucket: (from, to)}`` that retention removed, recording it."""
 
     def phase(self) -> str:
         """``backlog`` or ``realtime``: the durable phase flag."""

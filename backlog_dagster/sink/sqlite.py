@@ -12,7 +12,10 @@ Tables: the results table as declared, plus ``backlog_generations`` and
 (the phase flag and its history), ``backlog_commits`` (when each commit landed, in
 which phase, how many records), and for windowed
 pipelines ``<table>_late``: records that arrived after the watermark had closed their
-window (bucket, offset, event time and the watermark then), kept instead of dropped.
+window (bucket, offset, event time and the watermark then), kept instead of dropped;
+``<table>_dead_letters``: bad records (bucket, offset, payload, reason); and
+``backlog_skips``: offsets retention removed before they were read, where the pipeline
+was told to skip them.
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ import pyarrow.compute as pc
 
 from backlog_dagster.pipeline.results import MAX_EVENT_TIME, ResultLayout
 from backlog_dagster.sink.base import (
+    DEAD_LETTER_COLUMNS,
     BucketState,
     Generation,
     GenerationEnded,
     PhaseChange,
     ProgressConflict,
+    SinkUnreachable,
 )
 
 _STATE_TABLES = (
@@ -75,6 +80,14 @@ _STATE_TABLES = (
     cause TEXT NOT NULL,
     lag_s REAL
 )""",
+    """CREATE TABLE IF NOT EXISTS backlog_skips (
+    pipeline TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    bucket INTEGER NOT NULL,
+    from_offset INTEGER NOT NULL,
+    to_offset INTEGER NOT NULL,
+    skipped_at REAL NOT NULL
+)""",
 )
 
 
@@ -88,16 +101,22 @@ class PipelineState:
     def __init__(self, path: Path | str, pipeline: str) -> None:
         self.path = Path(path)
         self.pipeline = pipeline
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Spark calls foreachBatch functions on its own thread; one caller at a time.
-        self._db = sqlite3.connect(
-            self.path, timeout=60, isolation_level=None, check_same_thread=False
-        )
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        with self._transaction():
-            for statement in _STATE_TABLES:
-                self._db.execute(statement)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Spark calls foreachBatch functions on its own thread; one caller at a time.
+            self._db = sqlite3.connect(
+                self.path, timeout=60, isolation_level=None, check_same_thread=False
+            )
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            with self._transaction():
+                for statement in _STATE_TABLES:
+                    self._db.execute(statement)
+        except (OSError, sqlite3.Error) as error:
+            raise SinkUnreachable(
+                f"attributes.sink.path: cannot open the SQLite database {self.path} ({error}); "
+                "make sure its folder exists or can be created, and is writable"
+            ) from error
 
     def close(self) -> None:
         self._db.close()
@@ -214,6 +233,29 @@ class PipelineState:
             )
         ]
 
+    def skip(self, generation: int, gaps: dict[int, tuple[int, int]]) -> None:
+        """Move past offsets ``{bucket: (from, to)}`` that retention removed, recording it."""
+        with self._transaction():
+            for bucket, (low, high) in sorted(gaps.items()):
+                self._db.execute(
+                    "UPDATE backlog_buckets SET reached = ? WHERE pipeline = ? AND "
+                    "generation = ? AND bucket = ? AND reached = ?",
+                    (high, self.pipeline, generation, bucket, low),
+                )
+                self._db.execute(
+                    "INSERT INTO backlog_skips VALUES (?, ?, ?, ?, ?, ?)",
+                    (self.pipeline, generation, bucket, low, high, time.time()),
+                )
+
+    def skipped_records(self) -> int:
+        """Records skipped because retention removed them before they were read."""
+        (count,) = self._db.execute(
+            "SELECT coalesce(sum(to_offset - from_offset), 0) FROM backlog_skips "
+            "WHERE pipeline = ?",
+            (self.pipeline,),
+        ).fetchone()
+        return int(count)
+
     def beat(self, run_id: str) -> None:
         """A long-running run says it is alive (the sensor restarts runs that stop saying so)."""
         with self._transaction():
@@ -253,6 +295,10 @@ class SqliteSink(PipelineState):
         self.layout = layout
         with self._transaction():
             self._db.execute(self._results_ddl())
+            self._db.execute(
+                f"CREATE TABLE IF NOT EXISTS {_quote(self.dead_letter_table)} (bucket INTEGER, "
+                '"offset" INTEGER, payload TEXT, reason TEXT, PRIMARY KEY (bucket, "offset"))'
+            )
             if self.windowed:
                 self._db.execute(
                     f"CREATE TABLE IF NOT EXISTS {_quote(self.late_table)} (bucket INTEGER, "
@@ -268,6 +314,10 @@ class SqliteSink(PipelineState):
     def late_table(self) -> str:
         return f"{self.table}_late"
 
+    @property
+    def dead_letter_table(self) -> str:
+        return f"{self.table}_dead_letters"
+
     def start_generation(
         self, buckets: dict[int, tuple[int, int]], reason: str, definition: str
     ) -> Generation:
@@ -276,6 +326,7 @@ class SqliteSink(PipelineState):
             self._insert_buckets(number, buckets)
             self._insert_phase(number, "backlog", reason, None)
             self._db.execute(f"DELETE FROM {_quote(self.table)}")
+            self._db.execute(f"DELETE FROM {_quote(self.dead_letter_table)}")
             if self.windowed:
                 self._db.execute(f"DELETE FROM {_quote(self.late_table)}")
         generation = self.current_generation()
@@ -290,6 +341,7 @@ class SqliteSink(PipelineState):
         results: pa.Table,
         late: pa.Table | None = None,
         event_times: Mapping[int, int | None] | None = None,
+        dead_letters: pa.Table | None = None,
     ) -> bool:
         with self._transaction():
             (newest,) = self._db.execute(
@@ -325,6 +377,14 @@ class SqliteSink(PipelineState):
                     f"INSERT INTO {_quote(self.late_table)} VALUES (?, ?, ?, ?)",
                     zip(*(_sqlite_values(late.column(c)) for c in columns), strict=True),
                 )
+            if dead_letters is not None and dead_letters.num_rows:
+                self._db.executemany(
+                    f"INSERT INTO {_quote(self.dead_letter_table)} VALUES (?, ?, ?, ?)",
+                    zip(
+                        *(_sqlite_values(dead_letters.column(c)) for c in DEAD_LETTER_COLUMNS),
+                        strict=True,
+                    ),
+                )
             times = event_times or {}
             self._db.executemany(
                 "UPDATE backlog_buckets SET reached = ?, event_time_us = "
@@ -355,6 +415,18 @@ class SqliteSink(PipelineState):
             f"SELECT max({_quote(MAX_EVENT_TIME)}) FROM {_quote(self.table)}"
         ).fetchone()
         return latest
+
+    def dead_letter_count(self) -> int:
+        (count,) = self._db.execute(
+            f"SELECT count(*) FROM {_quote(self.dead_letter_table)}"
+        ).fetchone()
+        return int(count)
+
+    def read_dead_letters(self) -> pa.Table:
+        rows = self._db.execute(
+            f'SELECT * FROM {_quote(self.dead_letter_table)} ORDER BY bucket, "offset"'
+        ).fetchall()
+        return pa.table({c: [row[i] for row in rows] for i, c in enumerate(DEAD_LETTER_COLUMNS)})
 
     def read_late(self) -> pa.Table:
         rows = self._db.execute(f"SELECT * FROM {_quote(self.late_table)}").fetchall()

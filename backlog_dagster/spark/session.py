@@ -14,8 +14,11 @@ if TYPE_CHECKING:
 #: nothing here looks at it and it costs start-up time and a port. Arrow batches as
 #: large as the log's stored blobs let the Python source hand each blob over whole
 #: (Spark's default of 10,000 rows re-chunks them: about 10% slower here, measured
-#: interleaved in one session over 20 million reference records).
+#: interleaved in one session over 20 million reference records). ANSI mode is off so a
+#: cast or arithmetic that fails on one record gives null for it, and the record goes to
+#: the dead-letter table, instead of failing the whole job (see ``phases.bad_records``).
 DEFAULT_CONF: Mapping[str, str] = {
+    "spark.sql.ansi.enabled": "false",
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
