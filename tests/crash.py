@@ -1,0 +1,594 @@
+"""The crash matrix: kill a process of the running example at a chosen moment, let it
+recover, and audit the sink against an oracle over the log.
+
+The example project (both pipelines) runs under a real ``dagster dev`` (daemon, sensors,
+code server, runs with their Spark JVMs) on a generated backlog, with a live producer
+appending all along. A trial picks a kill point, waits for its moment, SIGKILLs the
+processes it names (only processes under the ``dagster dev`` this harness started, found
+by their ids), restarts ``dagster dev`` when the kill took it down, waits until the
+pipelines are back in realtime, and then audits both sinks: every record of the log up
+to the offsets a pipeline reports as consumed must be counted exactly once.
+
+``tests/test_crash.py`` runs one trial per kill point; ``bench/crash.py`` runs many at
+random moments and writes their table to ``bench/results/``.
+
+The harness runs a copy of the example project with three changes: a heartbeat timeout
+of 15 s (so a killed run is noticed sooner); for ``region_minutes``, a backlog
+checkpoint interval of 1 s (so its backlog commits in several chunks) and a watermark
+lag threshold of 10 minutes instead of 2. (On two busy cores, four Spark drivers and a
+live producer, each round of its backlog took longer than 2 minutes' worth of lag to
+catch up, so it went round after round before switching; that is the lag strategy doing
+its job, but it is not what the crash matrix tests.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.compute as pc
+import yaml
+
+from backlog_dagster.components.dev_server import (
+    DevServer,
+    process_kind,
+    processes_under,
+    start_dagster_dev,
+    stop_dagster_dev,
+)
+from backlog_dagster.components.pipeline import DATA_ENV
+from backlog_dagster.log import Topic, create_topic
+from backlog_dagster.log.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
+
+ROOT = Path(__file__).resolve().parent.parent
+PIPELINES = ("customer_totals", "region_minutes")
+
+#: Where a trial kills, and what.
+KILL_POINTS = {
+    "backlog_interval_0": "customer_totals' backlog run (checkpoint interval 0) mid-job",
+    "backlog_interval_positive": "region_minutes' backlog run (interval 1 s) between chunks",
+    "before_switch": "customer_totals' backlog and standby runs after the last bucket "
+    "reached its marker, before the switch is recorded",
+    "realtime_sink_write": "a realtime run while it holds the sink's write lock",
+    "daemon": "the Dagster daemon (dagster dev then stops; the harness starts it again)",
+    "everything": "every process of dagster dev at once: daemon, webserver, code server, "
+    "runs and their Spark JVMs",
+}
+#: SQLite's WAL write lock: byte 120 of the ``-shm`` file, held from ``BEGIN IMMEDIATE``
+#: to ``COMMIT``.
+_WAL_WRITE_LOCK_BYTE = 120
+
+
+@dataclass
+class Outcome:
+    """One trial: what was killed, when, and what the audit found afterwards."""
+
+    kill_point: str
+    pipeline: str
+    phase: str
+    #: The moment came as planned (e.g. the backlog had not finished when killed).
+    hit: bool
+    killed: list[str] = field(default_factory=list)
+    recovered: bool = False
+    #: Seconds from the kill until the pipeline(s) committed in realtime again.
+    recovery_s: float | None = None
+    lost: int = 0
+    duplicated: int = 0
+    #: Keys whose record count matched the oracle but whose values did not.
+    mismatched: int = 0
+    note: str = ""
+
+
+class ExampleUnderTest:
+    """The example project running under ``dagster dev``, with a live producer."""
+
+    def __init__(self, folder: Path, records: int, live_rate: int, seed: int = 1) -> None:
+        self.folder = folder
+        self.project = folder / "project"
+        self.data = folder / "data"
+        self.home = folder / "dagster_home"
+        self.topic_path = self.data / "example" / "orders"
+        self.sink_path = self.data / "example" / "results.sqlite"
+        self.live_rate, self.seed = live_rate, seed
+        _copy_example(self.project)
+        create_topic(
+            self.topic_path, ORDERS_SCHEMA, timestamp_column=ORDERS_TIMESTAMP, buckets=4
+        ).close()
+        with Topic(self.topic_path) as topic:
+            produce_backlog(topic, records, days=2, seed=seed)
+        self.server: DevServer | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self.producer: subprocess.Popen[bytes] | None = None
+        self._instance: dg.DagsterInstance | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.server, self.process = start_dagster_dev(self.project, self.home, self.data)
+        if self.producer is None:
+            self.producer = subprocess.Popen(
+                [
+                    str(Path(sys.executable).with_name("backlog-dagster")),
+                    "log",
+                    "produce",
+                    str(self.topic_path),
+                    "--records",
+                    "0",
+                    "--live-rate",
+                    str(self.live_rate),
+                    "--seed",
+                    str(self.seed + 100),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+
+    def stop_producer(self) -> None:
+        if self.producer is not None:
+            self.producer.terminate()
+            self.producer.wait(30)
+            self.producer = None
+
+    def stop(self) -> None:
+        self.stop_producer()
+        if self.process is not None:
+            stop_dagster_dev(self.process)
+            self.process = None
+        if self._instance is not None:
+            self._instance.dispose()
+            self._instance = None
+
+    @property
+    def instance(self) -> dg.DagsterInstance:
+        if self._instance is None:
+            self._instance = dg.DagsterInstance.from_config(str(self.home))
+        return self._instance
+
+    # -- what the sink says ------------------------------------------------------------
+
+    def phase(self, pipeline: str) -> str:
+        row = self._query(
+            "SELECT phase FROM backlog_phases WHERE pipeline = ? ORDER BY rowid DESC LIMIT 1",
+            (pipeline,),
+        )
+        return "backlog" if not row else str(row[0][0])
+
+    def progress(self, pipeline: str) -> dict[int, tuple[int, int, int]]:
+        """``{bucket: (start, marker, reached)}`` of the newest generation."""
+        rows = self._query(
+            "SELECT bucket, start_offset, marker, reached FROM backlog_buckets WHERE "
+            "pipeline = :p AND generation = (SELECT max(generation) FROM backlog_generations "
+            "WHERE pipeline = :p)",
+            {"p": pipeline},
+        )
+        return {bucket: (start, marker, reached) for bucket, start, marker, reached in rows}
+
+    def realtime_commit_since(self, pipeline: str, moment: float) -> float | None:
+        rows = self._query(
+            "SELECT min(committed_at) FROM backlog_commits WHERE pipeline = ? AND "
+            "phase = 'realtime' AND committed_at > ?",
+            (pipeline, moment),
+        )
+        return rows[0][0] if rows else None
+
+    def _query(self, sql: str, parameters: Any = ()) -> list[Any]:
+        if not self.sink_path.exists():
+            return []
+        with contextlib.closing(sqlite3.connect(self.sink_path, timeout=30)) as db:
+            try:
+                return db.execute(sql, parameters).fetchall()
+            except sqlite3.OperationalError as error:
+                if "no such table" in str(error):
+                    return []
+                raise
+
+    # -- runs and processes ------------------------------------------------------------
+
+    def started_runs(self, pipeline: str, phase: str) -> list[dg.DagsterRun]:
+        return list(
+            self.instance.get_runs(
+                filters=dg.RunsFilter(
+                    job_name=f"{pipeline}_{phase}_job",
+                    statuses=[dg.DagsterRunStatus.STARTED],
+                )
+            )
+        )
+
+    def run_processes(self, run_id: str) -> set[int]:
+        """The processes that logged events for the run, and everything under them."""
+        roots = {
+            entry.dagster_event.pid
+            for entry in self.instance.all_logs(run_id)
+            if entry.dagster_event is not None and entry.dagster_event.pid
+        }
+        found = set(roots)
+        for pid in roots:
+            found |= processes_under(pid)
+        return {pid for pid in found if self._mine(pid)}
+
+    def run_logged(self, run_id: str, text: str) -> bool:
+        return any(text in entry.user_message for entry in self.instance.all_logs(run_id))
+
+    def _mine(self, pid: int) -> bool:
+        """Only processes under the ``dagster dev`` this harness started are ever killed."""
+        return self.process is not None and pid in processes_under(self.process.pid)
+
+    def kill(self, pids: set[int]) -> list[str]:
+        kinds = sorted(process_kind(pid) for pid in pids)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return kinds
+
+    def reset(self, pipeline: str) -> None:
+        """``backlog-dagster pipeline reset``, as a user would run it: back to a backlog."""
+        subprocess.run(
+            [
+                str(Path(sys.executable).with_name("backlog-dagster")),
+                "pipeline",
+                "reset",
+                "--yes",
+                "--reason",
+                "reset by the crash harness",
+                str(self.project / "definitions" / "defs" / pipeline / "defs.yaml"),
+            ],
+            check=True,
+            capture_output=True,
+            env={**os.environ, DATA_ENV: str(self.data)},
+        )
+
+    # -- waiting -----------------------------------------------------------------------
+
+    def wait_caught_up(self, timeout: float) -> bool:
+        """Until both pipelines have consumed the log up to its end as it is now."""
+        with Topic(self.topic_path) as topic:
+            end = topic.latest_offsets()
+        return poll(
+            lambda: all(
+                {b: r for b, (_, _, r) in self.progress(p).items()} == end for p in PIPELINES
+            ),
+            timeout,
+        )
+
+    def wait_in_realtime(self, pipelines: tuple[str, ...], since: float, timeout: float) -> bool:
+        """Until each pipeline is in realtime and has committed there after ``since``."""
+        return poll(
+            lambda: all(
+                self.phase(p) == "realtime"
+                and self.realtime_commit_since(p, since) is not None
+                and self.started_runs(p, "realtime")
+                for p in pipelines
+            ),
+            timeout,
+        )
+
+
+# -- trials -----------------------------------------------------------------------------
+
+
+def run_trial(example: ExampleUnderTest, kill_point: str, rng: random.Random) -> Outcome:
+    """Wait for the kill point's moment, kill, recover, audit."""
+    kill = {
+        "backlog_interval_0": _kill_backlog_mid_job,
+        "backlog_interval_positive": _kill_backlog_between_chunks,
+        "before_switch": _kill_before_switch,
+        "realtime_sink_write": _kill_during_sink_write,
+        "daemon": _kill_daemon,
+        "everything": _kill_everything,
+    }[kill_point]
+    outcome, killed_at = kill(example, rng)
+    targets = PIPELINES if outcome.pipeline == "both" else (outcome.pipeline,)
+    if example.process is not None and example.process.poll() is not None:
+        example.process = None  # dagster dev stopped itself (it does when its daemon dies)
+    if example.process is None:
+        example.start()
+    outcome.recovered = example.wait_in_realtime(targets, killed_at, timeout=420)
+    if outcome.recovered:
+        outcome.recovery_s = round(
+            max(example.realtime_commit_since(p, killed_at) or killed_at for p in targets)
+            - killed_at,
+            1,
+        )
+    audit_into(outcome, example)
+    return outcome
+
+
+def audit_into(outcome: Outcome, example: ExampleUnderTest) -> None:
+    for found in audit(example.sink_path, example.topic_path).values():
+        outcome.lost += found["lost"]
+        outcome.duplicated += found["duplicated"]
+        outcome.mismatched += found["mismatched"]
+
+
+def _kill_backlog_mid_job(example: ExampleUnderTest, rng: random.Random) -> tuple[Outcome, float]:
+    pipeline = "customer_totals"
+    run = _backlog_run_logging(example, pipeline, "records to read up to the markers")
+    time.sleep(rng.uniform(0, 0.5))
+    before = example.progress(pipeline)
+    killed_at = time.time()
+    killed = example.kill(example.run_processes(run.run_id))
+    hit = all(reached == start for start, _, reached in before.values())
+    return Outcome("backlog_interval_0", pipeline, "backlog", hit, killed), killed_at
+
+
+def _kill_backlog_between_chunks(
+    example: ExampleUnderTest, rng: random.Random
+) -> tuple[Outcome, float]:
+    pipeline = "region_minutes"
+    run = _backlog_run_logging(example, pipeline, "records to read up to the markers")
+    if not poll(
+        lambda: any(reached > start for start, _, reached in example.progress(pipeline).values()),
+        120,
+        interval=0.05,
+    ):
+        raise TimeoutError("region_minutes' backlog never committed a chunk")
+    time.sleep(rng.uniform(0, 0.8))
+    before = example.progress(pipeline)
+    killed_at = time.time()
+    killed = example.kill(example.run_processes(run.run_id))
+    hit = not all(reached >= marker for _, marker, reached in before.values())
+    return Outcome("backlog_interval_positive", pipeline, "backlog", hit, killed), killed_at
+
+
+def _kill_before_switch(example: ExampleUnderTest, rng: random.Random) -> tuple[Outcome, float]:
+    pipeline = "customer_totals"
+    _backlog_run_logging(example, pipeline, "records to read up to the markers")
+
+    def finished() -> bool:
+        progress = example.progress(pipeline)
+        return bool(progress) and all(r >= m for _, m, r in progress.values())
+
+    if not poll(finished, 300, interval=0.01):
+        raise TimeoutError("customer_totals' backlog never reached its markers")
+    hit = example.phase(pipeline) == "backlog"
+    pids: set[int] = set()
+    for phase in ("backlog", "realtime"):
+        for run in example.started_runs(pipeline, phase):
+            pids |= example.run_processes(run.run_id)
+    killed_at = time.time()
+    killed = example.kill(pids)
+    return Outcome("before_switch", pipeline, "backlog", hit, killed), killed_at
+
+
+def _kill_during_sink_write(example: ExampleUnderTest, rng: random.Random) -> tuple[Outcome, float]:
+    pipeline = rng.choice(PIPELINES)
+    if not example.wait_in_realtime((pipeline,), time.time(), timeout=420):
+        raise TimeoutError(f"{pipeline} did not reach realtime")
+    run = example.started_runs(pipeline, "realtime")[0]
+    pids = example.run_processes(run.run_id)
+    shm = Path(f"{example.sink_path}-shm").stat().st_ino
+    deadline = time.monotonic() + 120
+    held_before = False
+    while time.monotonic() < deadline:
+        held = _holds_write_lock(pids, shm)
+        if held and held_before:  # held over two looks: a commit, not a heartbeat
+            killed_at = time.time()
+            killed = example.kill(pids)
+            return Outcome("realtime_sink_write", pipeline, "realtime", True, killed), killed_at
+        held_before = held
+        time.sleep(0.002)
+    killed_at = time.time()
+    killed = example.kill(pids)
+    outcome = Outcome("realtime_sink_write", pipeline, "realtime", False, killed)
+    outcome.note = "the write lock was not seen held in 120 s; killed anyway"
+    return outcome, killed_at
+
+
+def _kill_daemon(example: ExampleUnderTest, rng: random.Random) -> tuple[Outcome, float]:
+    phase = _random_phase(example, rng)
+    assert example.process is not None
+    daemons = {
+        pid for pid in processes_under(example.process.pid) if process_kind(pid) == "dagster_daemon"
+    }
+    killed_at = time.time()
+    killed = example.kill(daemons)
+    # dagster dev notices its daemon is gone and stops the rest; wait for that.
+    process = example.process
+    if not poll(lambda: process.poll() is not None, 90):
+        stop_dagster_dev(process)
+    example.process = None
+    return Outcome("daemon", "both", phase, bool(daemons), killed), killed_at
+
+
+def _kill_everything(example: ExampleUnderTest, rng: random.Random) -> tuple[Outcome, float]:
+    phase = _random_phase(example, rng)
+    assert example.process is not None
+    process = example.process
+    pids = processes_under(process.pid) | {process.pid}
+    killed_at = time.time()
+    killed = example.kill(pids)
+    process.wait(30)
+    example.process = None
+    return Outcome("everything", "both", phase, True, killed), killed_at
+
+
+def _random_phase(example: ExampleUnderTest, rng: random.Random) -> str:
+    """Wait for realtime, or reset a pipeline into a backlog; then a random few seconds."""
+    if not example.wait_in_realtime(PIPELINES, 0, timeout=420):
+        raise TimeoutError("the pipelines did not reach realtime")
+    phase = rng.choice(("backlog", "realtime"))
+    if phase == "backlog":
+        _backlog_run_logging(example, rng.choice(PIPELINES), "records to read up to the markers")
+        time.sleep(rng.uniform(0, 1))
+    else:
+        time.sleep(rng.uniform(0, 5))
+    return phase
+
+
+def _backlog_run_logging(example: ExampleUnderTest, pipeline: str, text: str) -> dg.DagsterRun:
+    """The pipeline's backlog run once it logged ``text``; resets the pipeline if needed."""
+    if example.phase(pipeline) != "backlog":
+        example.reset(pipeline)
+    found: list[dg.DagsterRun] = []
+
+    def logged() -> bool:
+        found[:] = [
+            r
+            for r in example.started_runs(pipeline, "backlog")
+            if example.run_logged(r.run_id, text)
+        ]
+        return bool(found)
+
+    if not poll(logged, 300, interval=0.1):
+        raise TimeoutError(f"no backlog run of {pipeline} logged {text!r}")
+    return found[0]
+
+
+def _holds_write_lock(pids: set[int], shm_inode: int) -> bool:
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        parts = line.split()
+        # "1: POSIX  ADVISORY  WRITE 1234 08:01:5678 120 120"
+        if len(parts) >= 8 and parts[1] == "POSIX" and parts[3] == "WRITE":
+            inode = int(parts[5].rsplit(":", 1)[1])
+            if (
+                int(parts[4]) in pids
+                and inode == shm_inode
+                and int(parts[6]) <= _WAL_WRITE_LOCK_BYTE
+            ):
+                end = parts[7]
+                if end == "EOF" or int(end) >= _WAL_WRITE_LOCK_BYTE:
+                    return True
+    return False
+
+
+def poll(condition: Callable[[], Any], timeout: float, interval: float = 1.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return bool(condition())
+
+
+def _copy_example(project: Path) -> None:
+    shutil.copytree(
+        ROOT / "definitions",
+        project / "definitions",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    for name in ("workspace.yaml", "pyproject.toml"):  # dg finds the project by the latter
+        shutil.copy(ROOT / name, project / name)
+    for defs in (project / "definitions" / "defs").glob("*/defs.yaml"):
+        document = yaml.safe_load(defs.read_text())
+        attributes = document["attributes"]
+        attributes.setdefault("switch", {})["heartbeat_timeout"] = "15s"
+        if attributes["name"] == "region_minutes":
+            attributes["backlog"]["checkpoint_interval"] = "1s"
+            attributes["backlog"]["watermark_lag_threshold"] = "10m"
+        defs.write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+# -- the audit ----------------------------------------------------------------------------
+
+
+def audit(sink_path: Path, topic_path: Path) -> dict[str, dict[str, int]]:
+    """Per pipeline: records lost, counted twice, and keys with wrong values.
+
+    Reads the results, late records and progress in one snapshot of the sink, and
+    counts the log's records up to the progress with pyarrow (the oracle).
+    """
+    with contextlib.closing(sqlite3.connect(sink_path, timeout=30)) as db:
+        db.execute("BEGIN")  # one read snapshot for everything below
+        reached = {
+            p: dict(
+                db.execute(
+                    "SELECT bucket, reached FROM backlog_buckets WHERE pipeline = :p AND "
+                    "generation = (SELECT max(generation) FROM backlog_generations WHERE "
+                    "pipeline = :p)",
+                    {"p": p},
+                ).fetchall()
+            )
+            for p in PIPELINES
+        }
+        totals = db.execute("SELECT customer_id, orders, total_amount FROM customer_totals")
+        customer_totals = totals.fetchall()
+        minutes = db.execute(
+            "SELECT region, window_start, orders, total_amount FROM region_minutes"
+        )
+        region_minutes = minutes.fetchall()
+        late = db.execute('SELECT bucket, "offset" FROM region_minutes_late').fetchall()
+        db.rollback()
+    records = _log_records(
+        topic_path, {b: max(r[b] for r in reached.values()) for b in reached[PIPELINES[0]]}
+    )
+    found = {}
+    for pipeline, rows in (
+        ("customer_totals", customer_totals),
+        ("region_minutes", region_minutes),
+    ):
+        mine = _up_to(records, reached[pipeline])
+        if pipeline == "region_minutes":
+            late_ids = pa.array([(b << 40) | o for b, o in late], pa.int64())
+            mine = mine.filter(pc.invert(pc.is_in(mine["_id"], value_set=late_ids)))
+            minute = pc.floor_temporal(mine["event_time"], unit="minute")
+            mine = mine.append_column(
+                "window_start", pc.strftime(minute, format="%Y-%m-%dT%H:%M:%SZ")
+            )
+            keys = ["region", "window_start"]
+        else:
+            keys = ["customer_id"]
+        oracle = mine.group_by(keys).aggregate([("amount", "count"), ("amount", "sum")])
+        want = {
+            tuple(row[k] for k in keys): (row["amount_count"], row["amount_sum"])
+            for row in oracle.to_pylist()
+        }
+        got = {tuple(row[: len(keys)]): (row[-2], row[-1]) for row in rows}
+        found[pipeline] = _compare(got, want)
+    return found
+
+
+def _compare(
+    got: dict[tuple[Any, ...], tuple[int, float]], want: dict[tuple[Any, ...], tuple[int, float]]
+) -> dict[str, int]:
+    lost = duplicated = mismatched = 0
+    for key in got.keys() | want.keys():
+        have_count, have_sum = got.get(key, (0, 0.0))
+        want_count, want_sum = want.get(key, (0, 0.0))
+        lost += max(0, want_count - have_count)
+        duplicated += max(0, have_count - want_count)
+        if have_count == want_count and abs(have_sum - want_sum) > 1e-6 * max(1.0, abs(want_sum)):
+            mismatched += 1
+    return {"lost": lost, "duplicated": duplicated, "mismatched": mismatched}
+
+
+def _log_records(topic_path: Path, end: dict[int, int]) -> pa.Table:
+    tables = []
+    with Topic(topic_path) as topic:
+        for bucket, stop in end.items():
+            start = topic.bounds()[bucket].earliest
+            batches = list(topic.read(bucket, start, stop))
+            if not batches:
+                continue
+            table = pa.Table.from_batches(batches).select(
+                ["customer_id", "region", "amount", "event_time"]
+            )
+            table = table.append_column("_bucket", pa.array([bucket] * len(table), pa.int64()))
+            offsets = pa.array(range(start, start + len(table)), pa.int64())
+            table = table.append_column("_offset", offsets)
+            tables.append(
+                table.append_column("_id", pc.add(pc.shift_left(table["_bucket"], 40), offsets))
+            )
+    return pa.concat_tables(tables)
+
+
+def _up_to(records: pa.Table, reached: dict[int, int]) -> pa.Table:
+    limit = pc.index_in(records["_bucket"], value_set=pa.array(sorted(reached), pa.int64()))
+    ends = pa.array([reached[b] for b in sorted(reached)], pa.int64()).take(limit)
+    return records.filter(pc.less(records["_offset"], ends))
