@@ -11,8 +11,10 @@ from typing import Any
 import dagster as dg
 import pyarrow as pa
 import pytest
+from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
+from backlog_dagster.cli import main
 from backlog_dagster.components.pipeline import backlog_asset, open_sink
 from backlog_dagster.log import Payload, Topic, create_topic
 from backlog_dagster.log.schema import parse_ddl
@@ -30,6 +32,7 @@ from tests.pipelines import (
     customer_totals_oracle,
     pipeline,
     records_up_to,
+    write_defs,
 )
 from tests.test_realtime import RealtimeThread, reached
 
@@ -188,6 +191,8 @@ def test_bad_records_go_to_the_dead_letter_table_in_backlog_and_realtime(
         total_before, count_before = want.get(key, (0.0, 0))
         want[key] = (total_before + total, count_before + count)
     assert_totals(results_of(config), want)
+    status = CliRunner().invoke(main, ["pipeline", "status", str(write_defs(tmp_path, config))])
+    assert "bad records: 7 (in table payments_dead_letters)" in " ".join(status.output.split())
 
 
 def test_on_bad_record_fail_stops_naming_bucket_and_offset(

@@ -71,6 +71,11 @@ def status(defs_yaml: Path) -> None:
     with open_sink(config) as sink:
         generation = sink.current_generation()
         history = sink.phase_history()
+        bad, skipped, dead_letters = (
+            sink.dead_letter_count(),
+            sink.skipped_records(),
+            sink.dead_letter_table,
+        )
     if generation is None:
         console.print(f"{config.name}: not started (no markers yet)")
         return
@@ -96,6 +101,10 @@ def status(defs_yaml: Path) -> None:
         f"{lag.describe()}"
         + ("" if threshold is None else f" (threshold {threshold:g} s)")
         + (f"; idle buckets {list(lag.idle_buckets)}" if lag.idle_buckets else "")
+    )
+    console.print(
+        f"bad records: {bad:,} (in table {dead_letters}); records skipped because retention "
+        f"removed them unread: {skipped:,}"
     )
     changes = Table(title="phase history")
     for column in ("generation", "phase", "changed at (UTC)", "watermark lag (s)", "cause"):
