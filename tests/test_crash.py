@@ -18,7 +18,7 @@ from tests.crash import KILL_POINTS, PIPELINES, ExampleUnderTest, audit, run_tri
 
 @pytest.mark.timeout(1500)
 def test_no_record_is_lost_or_doubled_whatever_is_killed(tmp_path: Path) -> None:
-    example = ExampleUnderTest(tmp_path, records=1_000_000, live_rate=1_000)
+    example = ExampleUnderTest(tmp_path, records=500_000, live_rate=500)
     rng = random.Random(7)
     outcomes = []
     example.start()
