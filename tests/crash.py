@@ -67,8 +67,8 @@ PIPELINES = ("customer_totals", "region_minutes")
 KILL_POINTS = {
     "backlog_interval_0": "customer_totals' backlog run (checkpoint interval 0) mid-job",
     "backlog_interval_positive": "region_minutes' backlog run (interval 1 s) between chunks",
-    "before_switch": "customer_totals' backlog run after the last bucket reached its "
-    "marker, before the switch is recorded",
+    "before_switch": "customer_totals' backlog run and the Dagster daemon (whose sensor makes "
+    "the switch) after the last bucket reached its marker, before the switch is recorded",
     "realtime_sink_write": "a realtime run while it holds the sink's write lock",
     "daemon": "the Dagster daemon (dagster dev then stops; the harness starts it again)",
     "everything": "every process of dagster dev at once: daemon, webserver, code server, "
@@ -361,12 +361,13 @@ def _kill_before_switch(example: ExampleUnderTest, rng: random.Random) -> tuple[
     if not poll(finished, 300, interval=0.01):
         raise TimeoutError("customer_totals' backlog never reached its markers")
     hit = example.phase(pipeline) == "backlog"
-    pids: set[int] = set()
-    for phase in ("backlog", "realtime"):
+    pids = _daemons(example)
+    for phase in ("backlog", "realtime"):  # a standby realtime run too, if there is one
         for run in example.started_runs(pipeline, phase):
             pids |= example.run_processes(run.run_id)
     killed_at = time.time()
     killed = example.kill(pids)
+    _wait_dagster_dev_gone(example)
     return Outcome("before_switch", pipeline, "backlog", hit, killed), killed_at
 
 
@@ -396,18 +397,26 @@ def _kill_during_sink_write(example: ExampleUnderTest, rng: random.Random) -> tu
 
 def _kill_daemon(example: ExampleUnderTest, rng: random.Random) -> tuple[Outcome, float]:
     phase = _random_phase(example, rng)
-    assert example.process is not None
-    daemons = {
-        pid for pid in processes_under(example.process.pid) if process_kind(pid) == "dagster_daemon"
-    }
+    daemons = _daemons(example)
     killed_at = time.time()
     killed = example.kill(daemons)
-    # dagster dev notices its daemon is gone and stops the rest; wait for that.
+    _wait_dagster_dev_gone(example)
+    return Outcome("daemon", "both", phase, bool(daemons), killed), killed_at
+
+
+def _daemons(example: ExampleUnderTest) -> set[int]:
+    assert example.process is not None
+    under = processes_under(example.process.pid)
+    return {pid for pid in under if process_kind(pid) == "dagster_daemon"}
+
+
+def _wait_dagster_dev_gone(example: ExampleUnderTest) -> None:
+    """dagster dev notices its daemon is gone and stops the rest; wait for that."""
     process = example.process
+    assert process is not None
     if not poll(lambda: process.poll() is not None, 90):
         stop_dagster_dev(process)
     example.process = None
-    return Outcome("daemon", "both", phase, bool(daemons), killed), killed_at
 
 
 def _kill_everything(example: ExampleUnderTest, rng: random.Random) -> tuple[Outcome, float]:
