@@ -9,7 +9,9 @@ an audit of both pipelines' sinks against the log. A session ends with the produ
 stopped, the pipelines caught up with the log's end and a last audit.
 
 Writes ``bench/results/<date>-crash.json`` and ``<date>-crash.md`` (the table of trials:
-kill point, recovered, lost, duplicated, recovery time).
+kill point, recovered, lost, duplicated, recovery time), rewritten after every trial, so
+a run stopped early leaves the table of the trials it finished (its header says how
+many).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -47,25 +50,29 @@ def main() -> None:
     started = time.monotonic()
     trials: list[dict[str, Any]] = []
     sessions: list[dict[str, Any]] = []
+    stem = RESULTS / f"{datetime.now(UTC):%Y-%m-%d}-crash"
+
+    def write() -> None:
+        figures = {
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "settings": vars(args),
+            "kill_points": KILL_POINTS,
+            "trials": trials,
+            "sessions": sessions,
+            "summary": summarize(trials),
+            "bench_seconds": round(time.monotonic() - started, 1),
+        }
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        stem.with_suffix(".json").write_text(json.dumps(figures, indent=2) + "\n")
+        stem.with_suffix(".md").write_text(markdown(figures))
+
     while len(trials) < args.trials:
         count = min(args.per_session, args.trials - len(trials))
-        session = run_session(len(sessions), count, args, rng, trials)
+        session = run_session(len(sessions), count, args, rng, trials, write)
         sessions.append(session)
+        write()
         print(f"session {len(sessions)}: {session}", flush=True)
-    figures = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "settings": vars(args),
-        "kill_points": KILL_POINTS,
-        "trials": trials,
-        "sessions": sessions,
-        "summary": summarize(trials),
-        "bench_seconds": round(time.monotonic() - started, 1),
-    }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"{datetime.now(UTC):%Y-%m-%d}-crash"
-    stem.with_suffix(".json").write_text(json.dumps(figures, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(markdown(figures))
-    print(f"wrote {stem}.json and {stem}.md in {figures['bench_seconds']:.0f} s")
+    print(f"wrote {stem}.json and {stem}.md in {time.monotonic() - started:.0f} s")
 
 
 def run_session(
@@ -74,6 +81,7 @@ def run_session(
     args: argparse.Namespace,
     rng: random.Random,
     trials: list[dict[str, Any]],
+    write: Callable[[], None],
 ) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="crash-"))
     example = ExampleUnderTest(folder, args.records, args.live_rate, seed=args.seed + number)
@@ -88,6 +96,7 @@ def run_session(
                 outcome = {"kill_point": kill_point, "recovered": False, "note": str(error)}
             outcome |= {"trial": len(trials) + 1, "session": number + 1}
             trials.append(outcome)
+            write()
             print(json.dumps(outcome), flush=True)
         example.stop_producer()
         session["caught_up"] = example.wait_in_realtime(
@@ -123,7 +132,8 @@ def markdown(figures: dict[str, Any]) -> str:
     lines = [
         f"# Crash matrix, {figures['date'][:10]}",
         "",
-        f"{len(figures['trials'])} trials in {len(figures['sessions'])} sessions of the "
+        f"{len(figures['trials'])} of {settings['trials']} trials, in "
+        f"{len(figures['sessions'])} finished session(s) of the "
         f"example project under `dagster dev`; backlog {settings['records']:,} records, live "
         f"producer {settings['live_rate']:,} records/s; seed {settings['seed']}; "
         f"{figures['bench_seconds'] / 60:.0f} minutes in all. Written by `bench/crash.py`.",
