@@ -122,6 +122,9 @@ def process_kind(pid: int) -> str:
         ("api grpc", "code_server"),
         ("execute_run", "run_worker"),
         ("spawn_main", "run_step_process"),
+        ("tail -F", "compute_log_tail"),
+        ("watch_orphans", "compute_log_tail"),
+        ("resource_tracker", "multiprocessing_helper"),
     ):
         if needle in command:
             return kind
