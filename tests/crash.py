@@ -16,8 +16,9 @@ The harness runs a copy of the example project with these changes, none of which
 touches how progress and results commit:
 
 - a heartbeat timeout of 15 s, so a killed run is noticed sooner;
-- for ``region_minutes``, a backlog checkpoint interval of 1 s (so its backlog commits
-  in several chunks) and a watermark lag threshold of 10 minutes instead of 2;
+- for ``region_minutes``, a backlog checkpoint interval of 0.05 s (so even a small
+  backlog commits in several chunks) and a watermark lag threshold of 10 minutes
+  instead of 2;
 - no standby realtime runs, and realtime micro-batches every 5 s instead of 2 s.
 
 The last two keep two cores from drowning: with four Spark drivers (two backlogs, two
@@ -66,7 +67,7 @@ PIPELINES = ("customer_totals", "region_minutes")
 #: Where a trial kills, and what.
 KILL_POINTS = {
     "backlog_interval_0": "customer_totals' backlog run (checkpoint interval 0) mid-job",
-    "backlog_interval_positive": "region_minutes' backlog run (interval 1 s) between chunks",
+    "backlog_interval_positive": "region_minutes' backlog run (interval 0.05 s) between chunks",
     "before_switch": "customer_totals' backlog run and the Dagster daemon (whose sensor makes "
     "the switch) after the last bucket reached its marker, before the switch is recorded",
     "realtime_sink_write": "a realtime run while it holds the sink's write lock",
@@ -286,8 +287,21 @@ class ExampleUnderTest:
 # -- trials -----------------------------------------------------------------------------
 
 
+@dataclass
+class Strike:
+    """A kill made: its outcome so far and when it happened."""
+
+    outcome: Outcome
+    killed_at: float
+
+
 def run_trial(example: ExampleUnderTest, kill_point: str, rng: random.Random) -> Outcome:
     """Wait for the kill point's moment, kill, recover, audit."""
+    return recover(example, strike(example, kill_point, rng))
+
+
+def strike(example: ExampleUnderTest, kill_point: str, rng: random.Random) -> Strike:
+    """Wait for the kill point's moment and kill; start dagster dev again if it went down."""
     kill = {
         "backlog_interval_0": _kill_backlog_mid_job,
         "backlog_interval_positive": _kill_backlog_between_chunks,
@@ -297,11 +311,17 @@ def run_trial(example: ExampleUnderTest, kill_point: str, rng: random.Random) ->
         "everything": _kill_everything,
     }[kill_point]
     outcome, killed_at = kill(example, rng)
-    targets = PIPELINES if outcome.pipeline == "both" else (outcome.pipeline,)
     if example.process is not None and example.process.poll() is not None:
         example.process = None  # dagster dev stopped itself (it does when its daemon dies)
     if example.process is None:
         example.start()
+    return Strike(outcome, killed_at)
+
+
+def recover(example: ExampleUnderTest, struck: Strike) -> Outcome:
+    """Wait until the pipelines the kill touched commit in realtime again; audit."""
+    outcome, killed_at = struck.outcome, struck.killed_at
+    targets = PIPELINES if outcome.pipeline == "both" else (outcome.pipeline,)
     outcome.recovered = example.wait_in_realtime(targets, killed_at, timeout=420)
     if outcome.recovered:
         outcome.recovery_s = round(
@@ -508,7 +528,7 @@ def _copy_example(project: Path) -> None:
         attributes["switch"]["standby"] = False
         attributes["realtime"]["checkpoint_interval"] = "5s"
         if attributes["name"] == "region_minutes":
-            attributes["backlog"]["checkpoint_interval"] = "1s"
+            attributes["backlog"]["checkpoint_interval"] = "0.05s"
             attributes["backlog"]["watermark_lag_threshold"] = "10m"
         defs.write_text(yaml.safe_dump(document, sort_keys=False))
 
