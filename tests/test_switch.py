@@ -175,6 +175,13 @@ def test_a_stalled_realtime_run_sends_the_pipeline_back_into_backlog_and_it_retu
     home = tmp_path / "dagster_home"
     with dagster_dev(home, tmp_path):
         instance = dg.DagsterInstance.from_config(str(home))
+        # Its backlog's event times are old and nothing is appended yet: it switches once
+        # the source is idle. Only then do live records arrive, and the stall begins.
+        wait_until(
+            lambda: sink_state(tmp_path, "region_minutes")[0] == "realtime",
+            600,
+            "region_minutes' first switch to realtime",
+        )
         stall_region_minutes_and_see_it_come_back(instance, tmp_path, topic)
         instance.dispose()
 
