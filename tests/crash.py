@@ -119,6 +119,10 @@ class ExampleUnderTest:
             produce_backlog(topic, records, days=2, seed=seed)
         self.server: DevServer | None = None
         self.process: subprocess.Popen[bytes] | None = None
+        #: Every ``dagster dev`` started, by process group: when its daemon dies it stops
+        #: without its code server, whose runs go on (correctly: their heartbeats say
+        #: they live); ``stop`` ends them all.
+        self.groups: list[int] = []
         self.producer: subprocess.Popen[bytes] | None = None
         self._instance: dg.DagsterInstance | None = None
 
@@ -126,6 +130,7 @@ class ExampleUnderTest:
 
     def start(self) -> None:
         self.server, self.process = start_dagster_dev(self.project, self.home, self.data)
+        self.groups.append(self.process.pid)
         if self.producer is None:
             self.producer = subprocess.Popen(
                 [
@@ -155,6 +160,9 @@ class ExampleUnderTest:
         if self.process is not None:
             stop_dagster_dev(self.process)
             self.process = None
+        for group in self.groups:  # what earlier sessions left running
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
         if self._instance is not None:
             self._instance.dispose()
             self._instance = None
@@ -231,8 +239,11 @@ class ExampleUnderTest:
         return any(text in entry.user_message for entry in self.instance.all_logs(run_id))
 
     def _mine(self, pid: int) -> bool:
-        """Only processes under the ``dagster dev`` this harness started are ever killed."""
-        return self.process is not None and pid in processes_under(self.process.pid)
+        """Only processes under a ``dagster dev`` this harness started are ever killed."""
+        try:
+            return os.getpgid(pid) in self.groups
+        except ProcessLookupError:
+            return False
 
     def kill(self, pids: set[int]) -> list[str]:
         kinds = sorted(process_kind(pid) for pid in pids)
