@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import pytest
 
 from backlog_dagster.components.dev_server import process_kind, processes_under
 from backlog_dagster.log import Topic
@@ -163,6 +164,7 @@ def test_sensor_runs_backlog_then_switches_to_realtime_with_its_own_config(
         instance.dispose()
 
 
+@pytest.mark.timeout(1200)
 def test_a_stalled_realtime_run_sends_the_pipeline_back_into_backlog_and_it_returns(
     make_topic: MakeTopic, tmp_path: Path
 ) -> None:
