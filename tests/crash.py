@@ -123,6 +123,7 @@ class ExampleUnderTest:
         #: without its code server, whose runs go on (correctly: their heartbeats say
         #: they live); ``stop`` ends them all.
         self.groups: list[int] = []
+        self.dead_at = 0.0
         self.producer: subprocess.Popen[bytes] | None = None
         self._instance: dg.DagsterInstance | None = None
 
@@ -246,11 +247,24 @@ class ExampleUnderTest:
             return False
 
     def kill(self, pids: set[int]) -> list[str]:
+        """SIGKILL ``pids`` and wait until they are dead; their kinds, for the record.
+
+        ``dead_at`` is then the moment after which none of them can commit anything.
+        """
         kinds = sorted(process_kind(pid) for pid in pids)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        poll(lambda: not any(_alive(pid) for pid in pids), 30, interval=0.01)
+        self.dead_at = time.time()
         return kinds
+
+    def realtime_commits(self, pipeline: str) -> int:
+        rows = self._query(
+            "SELECT count(*) FROM backlog_commits WHERE pipeline = ? AND phase = 'realtime'",
+            (pipeline,),
+        )
+        return int(rows[0][0]) if rows else 0
 
     def reset(self, pipeline: str) -> None:
         """``backlog-dagster pipeline reset``, as a user would run it: back to a backlog."""
@@ -304,6 +318,8 @@ class Strike:
 
     outcome: Outcome
     killed_at: float
+    #: When every killed process was dead.
+    dead_at: float
 
 
 def run_trial(example: ExampleUnderTest, kill_point: str, rng: random.Random) -> Outcome:
@@ -322,22 +338,25 @@ def strike(example: ExampleUnderTest, kill_point: str, rng: random.Random) -> St
         "everything": _kill_everything,
     }[kill_point]
     outcome, killed_at = kill(example, rng)
+    dead_at = example.dead_at
     if example.process is not None and example.process.poll() is not None:
         example.process = None  # dagster dev stopped itself (it does when its daemon dies)
     if example.process is None:
         example.start()
-    return Strike(outcome, killed_at)
+    return Strike(outcome, killed_at, dead_at)
 
 
 def recover(example: ExampleUnderTest, struck: Strike) -> Outcome:
     """Wait until the pipelines the kill touched commit in realtime again; audit."""
     outcome, killed_at = struck.outcome, struck.killed_at
     targets = PIPELINES if outcome.pipeline == "both" else (outcome.pipeline,)
-    outcome.recovered = example.wait_in_realtime(targets, killed_at, timeout=420)
+    # A commit counts from when the killed processes were dead, not from the kill: one
+    # they finished in between would look like a recovery in no time.
+    since = max(killed_at, struck.dead_at)
+    outcome.recovered = example.wait_in_realtime(targets, since, timeout=420)
     if outcome.recovered:
         outcome.recovery_s = round(
-            max(example.realtime_commit_since(p, killed_at) or killed_at for p in targets)
-            - killed_at,
+            max(example.realtime_commit_since(p, since) or since for p in targets) - killed_at,
             1,
         )
     audit_into(outcome, example)
@@ -411,12 +430,20 @@ def _kill_during_sink_write(example: ExampleUnderTest, rng: random.Random) -> tu
     shm = Path(f"{example.sink_path}-shm").stat().st_ino
     deadline = time.monotonic() + 120
     held_before = False
+    before = 0
     while time.monotonic() < deadline:
         held = _holds_write_lock(pids, shm)
+        if held and not held_before:
+            before = example.realtime_commits(pipeline)  # a reader does not wait for it
         if held and held_before:  # held over two looks: a commit, not a heartbeat
             killed_at = time.time()
             killed = example.kill(pids)
-            return Outcome("realtime_sink_write", pipeline, "realtime", True, killed), killed_at
+            # If that commit still completed before the kill landed, it was not hit.
+            hit = example.realtime_commits(pipeline) == before
+            outcome = Outcome("realtime_sink_write", pipeline, "realtime", hit, killed)
+            if not hit:
+                outcome.note = "the commit completed before the kill landed"
+            return outcome, killed_at
         held_before = held
         time.sleep(0.002)
     killed_at = time.time()
@@ -492,6 +519,14 @@ def _backlog_run_logging(example: ExampleUnderTest, pipeline: str, text: str) ->
     if not poll(logged, 300, interval=0.5):  # reading a run's events costs CPU: not faster
         raise TimeoutError(f"no backlog run of {pipeline} logged {text!r}")
     return found[0]
+
+
+def _alive(pid: int) -> bool:
+    """Still running: neither gone nor a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _holds_write_lock(pids: set[int], shm_inode: int) -> bool:
