@@ -116,3 +116,45 @@ def test_round_trips_between_realtime_and_backlog_lose_and_double_nothing(
     status = CliRunner().invoke(main, ["pipeline", "status", str(write_defs(tmp_path, config))])
     assert status.exit_code == 0, status.output
     assert "realtime, generation 3" in status.output and "trip 1" in status.output
+
+
+def test_a_backlog_that_reaches_its_markers_still_lagging_goes_on_in_the_same_run(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """Records kept arriving: the run takes new markers itself, then stops once caught up."""
+    topic = make_topic(records=20_000, buckets=2)  # event times of 2026-09-21: far behind
+    config = pipeline(
+        tmp_path,
+        CUSTOMER_TOTALS,
+        backlog={"checkpoint_interval": 0, "watermark_lag_threshold": 60},
+    )
+    appended: list[str] = []
+
+    def log(line: str) -> None:
+        print(line)
+        if line.startswith("backlog 100%") and not appended:
+            append_orders(topic, 3_000, live=True)  # arrived while the first round ran
+            appended.append(line)
+
+    with open_sink(config) as sink:
+        report = run_backlog(spark, config, sink, log=log)
+        done = sink.current_generation()
+        history = [(c.generation, c.phase, c.cause) for c in sink.phase_history()]
+        results = sink.read_results().to_pandas()
+    assert appended and report.generation == 2 and report.rows_read == 23_000
+    assert done is not None and done.finished and done.number == 2
+    assert {b: s.reached for b, s in done.buckets.items()} == topic.latest_offsets()
+    assert history[0] == (1, "backlog", "first start")
+    assert history[1][:2] == (2, "backlog") and "new markers at the log's end" in history[1][2]
+    assert len(history) == 2  # the live records are within the threshold: no third round
+    oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
+    assert_same(results, oracle, ["customer_id"])
+
+    # The switch's record of a phase change for a generation that is no longer the
+    # newest is refused: the run took new markers after the sensor read the old ones.
+    with open_sink(config) as sink:
+        assert not sink.record_phase(1, "realtime", "stale decision")
+        assert sink.record_phase(2, "realtime", "current decision")
+        with Topic(config.source.path) as live:
+            append_orders(live, 10)
+            assert sink.continue_generation(live.latest_offsets(), "x", if_phase="backlog") is None

@@ -37,14 +37,8 @@ import dagster as dg
 
 from backlog_dagster.log import Topic, TopicError
 from backlog_dagster.phases.lag import watermark_lag
-from backlog_dagster.phases.markers import continue_backlog, current_generation
-from backlog_dagster.phases.policy import (
-    FLAP_WINDOW_S,
-    decide,
-    flapping,
-    lag_says_backlog,
-    way_backs,
-)
+from backlog_dagster.phases.markers import continue_backlog, current_generation, extend_markers
+from backlog_dagster.phases.policy import FLAP_WINDOW_S, decide, flapping, way_backs
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink.base import Generation, PhaseChange
 from backlog_dagster.sink.sqlite import PipelineState, SqliteSink
@@ -270,28 +264,13 @@ def _decide(
                 generation = continue_backlog(
                     sink, topic, config, decision.cause, lag_s, context.log.info
                 )
-        elif (
-            phase == "backlog"
-            and generation.finished
-            and lag_says_backlog(lag, config)
-            and not any(
-                run is not None and run.status in ACTIVE and not _standby_of(run, generation.number)
-                for run in last.values()
-            )
-            and any(
-                topic.latest_offsets().get(b, 0) > s.reached for b, s in generation.buckets.items()
-            )
+        elif phase == "backlog" and not any(
+            run is not None and run.status in ACTIVE and not _standby_of(run, generation.number)
+            for run in last.values()
         ):
-            assert lag is not None
-            generation = continue_backlog(
-                sink,
-                topic,
-                config,
-                f"every bucket reached its marker, but {lag.describe()} is above the "
-                f"threshold {threshold:g} s: new markers at the log's end",
-                lag_s,
-                context.log.info,
-            )
+            # The backlog run takes new markers itself when it reaches them with the lag
+            # still high; this covers a run that ended (or died) just there.
+            generation = extend_markers(sink, topic, config, context.log.info) or generation
     return generation
 
 

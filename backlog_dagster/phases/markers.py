@@ -18,9 +18,12 @@ each bucket at its committed progress, keeping the results.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 from backlog_dagster.log import Topic
+from backlog_dagster.phases.lag import watermark_lag
+from backlog_dagster.phases.policy import lag_says_backlog
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink.base import Generation, Sink
 
@@ -128,8 +131,40 @@ def continue_backlog(
     watermark still lags: each bucket starts where its committed progress stands.
     """
     generation = sink.continue_generation(topic.latest_offsets(), reason, lag_s)
+    assert generation is not None
     log(f"generation {generation.number} ({reason}): new markers: {_describe(generation)}")
     return generation
+
+
+def extend_markers(
+    sink: Sink, topic: Topic, config: PipelineConfig, log: Callable[[str], None]
+) -> Generation | None:
+    """New markers at the log's end when every bucket reached its markers but the lag holds.
+
+    The watermark-lag strategy keeps the pipeline in backlog while the watermark lags by
+    more than the threshold, even with the markers reached: the backlog goes on to the
+    log's new end, results kept. None, changing nothing, when the lag does not hold the
+    backlog, nothing new was appended, or the phase is no longer backlog (the switch won
+    the race: the check and the new markers are one transaction).
+    """
+    generation = sink.current_generation()
+    threshold = config.backlog.watermark_lag_threshold
+    if generation is None or not generation.finished or threshold is None:
+        return None
+    lag = watermark_lag(generation, topic, config, time.time())
+    latest = topic.latest_offsets()
+    if not lag_says_backlog(lag, config) or not any(
+        latest.get(b, 0) > s.reached for b, s in generation.buckets.items()
+    ):
+        return None
+    reason = (
+        f"every bucket reached its marker, but {lag.describe()} is above the threshold "
+        f"{threshold:g} s: new markers at the log's end"
+    )
+    extended = sink.continue_generation(latest, reason, lag.seconds, if_phase="backlog")
+    if extended is not None:
+        log(f"generation {extended.number} ({reason}): new markers: {_describe(extended)}")
+    return extended
 
 
 def _describe(generation: Generation) -> str:

@@ -85,11 +85,16 @@ class Sink(Protocol):
         """Record new markers ``{bucket: (start, marker)}``; clears the results."""
 
     def continue_generation(
-        self, markers: dict[int, int], reason: str, lag_s: float | None = None
-    ) -> Generation:
+        self,
+        markers: dict[int, int],
+        reason: str,
+        lag_s: float | None = None,
+        if_phase: str | None = None,
+    ) -> Generation | None:
         """A new generation that keeps the results: each bucket starts where it stands.
 
-        The phase becomes ``backlog`` with ``reason`` in the same transaction.
+        The phase becomes ``backlog`` with ``reason`` in the same transaction. With
+        ``if_phase``, only while the phase is still that (else None, nothing changed).
         """
 
     def track_buckets(self, generation: int, buckets: dict[int, tuple[int, int]]) -> Generation:
@@ -124,7 +129,8 @@ class Sink(Protocol):
         """Record a change to ``phase``, with its cause, in the phase history.
 
         Atomic with reading the current phase: a no-op returning False when the phase
-        already is ``phase`` (the sensor and a standby run may both decide the switch).
+        already is ``phase`` (the sensor and a standby run may both decide the switch) or
+        ``generation`` is no longer the newest (a backlog run took new markers meanwhile).
         """
 
     def phase_history(self) -> list[PhaseChange]:

@@ -174,9 +174,15 @@ class PipelineState:
         return int(top) + 1
 
     def continue_generation(
-        self, markers: dict[int, int], reason: str, lag_s: float | None = None
-    ) -> Generation:
+        self,
+        markers: dict[int, int],
+        reason: str,
+        lag_s: float | None = None,
+        if_phase: str | None = None,
+    ) -> Generation | None:
         with self._transaction():
+            if if_phase is not None and self.phase() != if_phase:
+                return None
             current = self.current_generation()
             assert current is not None, "continue_generation needs a generation to continue"
             number = self._new_generation(reason, current.definition)
@@ -212,7 +218,8 @@ class PipelineState:
         self, generation: int, phase: str, cause: str, lag_s: float | None = None
     ) -> bool:
         with self._transaction():
-            if self.phase() == phase:
+            current = self.current_generation()
+            if self.phase() == phase or (current is not None and current.number != generation):
                 return False
             self._insert_phase(generation, phase, cause, lag_s)
         return True
