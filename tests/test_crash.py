@@ -19,7 +19,7 @@ from tests.crash import KILL_POINTS, PIPELINES, ExampleUnderTest, audit, recover
 
 @pytest.mark.timeout(1800)
 def test_no_record_is_lost_or_doubled_whatever_is_killed(tmp_path: Path) -> None:
-    example = ExampleUnderTest(tmp_path, records=200_000, live_rate=200)
+    example = ExampleUnderTest(tmp_path, records=100_000, live_rate=200)
     rng = random.Random(7)
     example.start()
     try:

@@ -96,8 +96,15 @@ class BacklogPipeline(dg.Component):
         from backlog_dagster.components.switch import switch_sensor
 
         config = self.config
+        # One asset per job: a step process of its own would only add a Python start
+        # (and the imports of Dagster and the definitions) to every run, and one more
+        # process between Dagster and the Spark driver.
         jobs = [
-            dg.define_asset_job(f"{config.name}_{phase}_job", selection=[f"{config.name}_{phase}"])
+            dg.define_asset_job(
+                f"{config.name}_{phase}_job",
+                selection=[f"{config.name}_{phase}"],
+                executor_def=dg.in_process_executor,
+            )
             for phase in ("backlog", "realtime")
         ]
         return dg.Definitions(
