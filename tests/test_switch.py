@@ -18,7 +18,7 @@ import pytest
 from backlog_dagster.components.dev_server import process_kind, processes_under
 from backlog_dagster.log import Topic
 from tests.conftest import MakeTopic, append_orders
-from tests.dagster_server import copy_example, dagster_dev
+from tests.dagster_server import dagster_dev
 from tests.pipelines import assert_example_customer_totals, assert_example_region_minutes
 
 
@@ -170,16 +170,16 @@ def test_a_stalled_realtime_run_sends_the_pipeline_back_into_backlog_and_it_retu
 ) -> None:
     """region_minutes' realtime run stalls long enough to send it back into backlog.
 
-    A copy of the example with region_minutes' lag policy scaled down to a test's time
-    (threshold 60 s, grace period 5 s, 10 s in realtime before a way back) so the stall
-    and the way back take seconds, not minutes. (A restart of all of Dagster mid-backlog,
-    and each bucket's finish reported once across it, is a trial of the crash matrix:
+    The example's own lag policy (threshold 2 minutes): scaled down to a minute, a
+    realtime run's cold start on two cores (about a minute to its first commit) alone
+    lets the lag pass the threshold, and the pipeline goes back again after every
+    return, as ``keeps_up`` then says. (A restart of all of Dagster mid-backlog, and
+    each bucket's finish reported once across it, is a trial of the crash matrix:
     ``tests/test_crash.py``.)
     """
     topic = make_topic(records=100_000, buckets=4, name="example/orders")
     home = tmp_path / "dagster_home"
-    project = copy_example(tmp_path / "project", _quicker_way_back)
-    with dagster_dev(home, tmp_path, project):
+    with dagster_dev(home, tmp_path):
         instance = dg.DagsterInstance.from_config(str(home))
         # Its backlog's event times are old and nothing is appended yet: it switches once
         # the source is idle. Only then do live records arrive, and the stall begins.
@@ -190,12 +190,6 @@ def test_a_stalled_realtime_run_sends_the_pipeline_back_into_backlog_and_it_retu
         )
         stall_region_minutes_and_see_it_come_back(instance, tmp_path, topic)
         instance.dispose()
-
-
-def _quicker_way_back(attributes: dict[str, Any]) -> None:
-    if attributes["name"] == "region_minutes":
-        attributes["backlog"]["watermark_lag_threshold"] = "60s"
-        attributes["switch"].update(grace_period="5s", min_time_in_realtime="10s")
 
 
 class LiveProducer(threading.Thread):
@@ -251,7 +245,7 @@ def phase_history(data: Path, pipeline: str) -> list[tuple[int, str, float | Non
 def stall_region_minutes_and_see_it_come_back(
     instance: dg.DagsterInstance, data: Path, topic: Topic
 ) -> None:
-    """region_minutes (lag threshold 60 s) goes back into backlog and returns.
+    """The example's region_minutes (lag threshold 2 min) goes back into backlog and returns.
 
     Its realtime run's Spark JVM is stopped while records keep arriving: the run's
     heartbeat goes on, the watermark does not, and once the lag has been above the
@@ -323,7 +317,7 @@ def stall_region_minutes_and_see_it_come_back(
         for a, b in itertools.pairwise(history[seen - 1 :])
         if a[1] == "realtime" and b[1] == "backlog"
     )
-    assert back[2] > 60 and "above the threshold 60 s" in back[3]
+    assert back[2] > 120 and "above the threshold 120 s" in back[3]
     # The stalled run ended by itself once it could see its generation was replaced.
     assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.SUCCESS  # type: ignore[union-attr]
     observed = observations(instance, "region_minutes_backlog", "is_backlog")

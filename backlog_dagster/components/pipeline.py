@@ -32,6 +32,8 @@ from backlog_dagster.sink.base import BucketState
 from backlog_dagster.sink.sqlite import PipelineState, SqliteSink
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from backlog_dagster.phases.backlog import BacklogReport
     from backlog_dagster.phases.realtime import RealtimeStatus
 
@@ -128,6 +130,18 @@ def with_paths_under(config: PipelineConfig, root: Path) -> PipelineConfig:
 
 
 @contextmanager
+def pipeline_spark(pipeline: PipelineConfig, phase: str) -> Iterator["SparkSession"]:
+    """The run's Spark session on the pipeline's master (read from the environment when
+    it says ``{env: NAME}``); errors of the block never show a master read from there."""
+    from backlog_dagster.pipeline.secrets import resolve, secret_kept_out
+    from backlog_dagster.spark.session import get_session
+
+    master = resolve(pipeline.spark_master, "spark_master")
+    with secret_kept_out(pipeline.spark_master, master):
+        yield get_session(master, app_name=f"{phase}-{pipeline.name}")
+
+
+@contextmanager
 def user_errors(defs_file: Path | None) -> Iterator[None]:
     """A mistake the user can fix (config against the source, bad record, truncated log,
     unreachable sink, state of another definition) fails the run with a message naming
@@ -136,11 +150,19 @@ def user_errors(defs_file: Path | None) -> Iterator[None]:
     from backlog_dagster.phases.markers import DefinitionChanged
     from backlog_dagster.phases.transform import TransformError
     from backlog_dagster.phases.truncation import LogTruncated
+    from backlog_dagster.pipeline.secrets import SettingUnset
     from backlog_dagster.sink.base import SinkUnreachable
 
     try:
         yield
-    except (BadRecord, DefinitionChanged, LogTruncated, SinkUnreachable, TransformError) as error:
+    except (
+        BadRecord,
+        DefinitionChanged,
+        LogTruncated,
+        SettingUnset,
+        SinkUnreachable,
+        TransformError,
+    ) as error:
         where = f"{defs_file}: " if defs_file is not None else ""
         raise dg.Failure(description=f"{where}{error}", allow_retries=False) from None
 
@@ -158,10 +180,12 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
         context: dg.AssetExecutionContext, config: BacklogRunConfig
     ) -> dg.MaterializeResult:
         from backlog_dagster.phases.backlog import run_backlog
-        from backlog_dagster.spark.session import get_session
 
-        with user_errors(defs_file), heartbeat(pipeline, context.run_id):
-            spark = get_session(pipeline.spark_master, app_name=f"backlog-{pipeline.name}")
+        with (
+            user_errors(defs_file),
+            heartbeat(pipeline, context.run_id),
+            pipeline_spark(pipeline, "backlog") as spark,
+        ):
             settings = pipeline.backlog
             if config.shuffle_partitions is not None:
                 partitions = config.shuffle_partitions
@@ -234,7 +258,6 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
 
         from backlog_dagster.phases.realtime import run_realtime
         from backlog_dagster.phases.standby import await_switch, warm_up
-        from backlog_dagster.spark.session import get_session
 
         checkpoint = (
             Path(pipeline.sink.path).parent / "checkpoints" / pipeline.name / context.run_id
@@ -245,8 +268,8 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
                 heartbeat(pipeline, context.run_id),
                 open_sink(pipeline) as sink,
                 open_sink(pipeline) as status_sink,
+                pipeline_spark(pipeline, "realtime") as spark,
             ):
-                spark = get_session(pipeline.spark_master, app_name=f"realtime-{pipeline.name}")
                 if config.standby_for_generation:
                     warm_up(spark, pipeline)
                     if not await_switch(

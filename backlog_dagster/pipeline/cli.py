@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from backlog_dagster.components.pipeline import data_root, open_sink, with_paths_under
+from backlog_dagster.components.pipeline import (
+    data_root,
+    open_sink,
+    pipeline_spark,
+    with_paths_under,
+)
 from backlog_dagster.log import Topic
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.load import PipelineFileError, load_pipeline, project_root_of
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 console = Console(stderr=True)
 defs_file = click.argument(
@@ -43,12 +52,10 @@ def pipeline_group() -> None:
 def backlog(defs_yaml: Path, checkpoint_interval: float | None) -> None:
     """Run the backlog phase up to the boundary markers."""
     from backlog_dagster.phases.backlog import run_backlog
-    from backlog_dagster.spark.session import get_session
 
     config = pipeline_of(defs_yaml)
-    spark = get_session(config.spark_master, app_name=f"backlog-{config.name}")
-    spark.sparkContext.setLogLevel("ERROR")
-    with open_sink(config) as sink:
+    with pipeline_spark(config, "backlog") as spark, open_sink(config) as sink:
+        _quiet(spark)
         report = run_backlog(
             spark, config, sink, checkpoint_interval=checkpoint_interval, log=console.print
         )
@@ -150,7 +157,6 @@ def realtime(defs_yaml: Path, seconds: float | None) -> None:
     import time
 
     from backlog_dagster.phases.realtime import run_realtime
-    from backlog_dagster.spark.session import get_session
 
     config = pipeline_of(defs_yaml)
     stop_at = None if seconds is None else time.monotonic() + seconds
@@ -162,13 +168,13 @@ def realtime(defs_yaml: Path, seconds: float | None) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
-    spark = get_session(config.spark_master, app_name=f"realtime-{config.name}")
-    spark.sparkContext.setLogLevel("ERROR")
     with (
+        pipeline_spark(config, "realtime") as spark,
         open_sink(config) as sink,
         open_sink(config) as status_sink,
         tempfile.TemporaryDirectory(prefix="realtime-checkpoint-") as checkpoint,
     ):
+        _quiet(spark)
         status = run_realtime(
             spark,
             config,
@@ -186,3 +192,11 @@ def realtime(defs_yaml: Path, seconds: float | None) -> None:
         f"realtime of {config.name} stopped: {status.batches} batches, "
         f"{status.records:,} records, {status.late_records:,} late"
     )
+
+
+def _quiet(spark: SparkSession) -> None:
+    """Spark's warnings would drown the progress lines (a remote session logs elsewhere)."""
+    from pyspark.sql.utils import is_remote
+
+    if not is_remote():
+        spark.sparkContext.setLogLevel("ERROR")

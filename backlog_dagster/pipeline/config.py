@@ -48,6 +48,32 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class FromEnv(Frozen):
+    """A setting read from an environment variable when a run starts (Dagster's ``EnvVar``).
+
+    A secret written this way is in no YAML file, run config, metadata or log line.
+    """
+
+    env: str = Field(
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Name of the environment variable that holds the value.",
+    )
+
+
+#: A URL part that carries a secret: Spark Connect's ``;token=`` or a ``user:password@``.
+_SECRET_IN_URL = re.compile(r";\s*token\s*=|://[^/@\s]*:[^/@\s]*@", re.IGNORECASE)
+
+
+def no_written_secret(value: str | FromEnv) -> str | FromEnv:
+    if isinstance(value, str) and _SECRET_IN_URL.search(value):
+        raise ValueError(
+            "holds a secret (a token or a password); write {env: NAME} and set the "
+            "environment variable NAME to the URL instead, so the secret stays out of the "
+            "file, the UI and the logs"
+        )
+    return value
+
+
 class StartAt(Frozen):
     """Where the pipeline starts reading the first time (or after a reset).
 
@@ -252,6 +278,9 @@ class SwitchConfig(Frozen):
 class PipelineConfig(Frozen):
     """One declared pipeline: a source, a keyed aggregation, a sink and two phases."""
 
+    # A refused spark_master may hold a secret: errors name the field, not the value.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+
     name: Identifier = Field(description="The pipeline's name; prefixes its assets and jobs.")
     source: SourceConfig
     transform: TransformConfig
@@ -259,8 +288,11 @@ class PipelineConfig(Frozen):
     backlog: BacklogConfig = BacklogConfig()
     realtime: RealtimeConfig = RealtimeConfig()
     switch: SwitchConfig = SwitchConfig()
-    spark_master: str = Field(
-        "local[*]", description="Spark master: local[*], a cluster URL or sc://… (Spark Connect)."
+    spark_master: Annotated[str | FromEnv, AfterValidator(no_written_secret)] = Field(
+        "local[*]",
+        description="Spark master: local[*], a cluster URL or sc://… (Spark Connect); "
+        "{env: NAME} reads it from that environment variable when a run starts (needed when "
+        "it carries a token).",
     )
 
     @model_validator(mode="after")

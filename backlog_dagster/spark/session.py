@@ -10,24 +10,29 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-#: Settings every session gets unless the caller overrides them. The UI is off because
-#: nothing here looks at it and it costs start-up time and a port. Arrow batches as
+#: SQL settings every session gets unless the caller overrides them. Arrow batches as
 #: large as the log's stored blobs let the Python source hand each blob over whole
 #: (Spark's default of 10,000 rows re-chunks them: about 10% slower here, measured
 #: interleaved in one session over 20 million reference records). ANSI mode is off so a
 #: cast or arithmetic that fails on one record gives null for it, and the record goes to
 #: the dead-letter table, instead of failing the whole job (see ``phases.bad_records``).
-DEFAULT_CONF: Mapping[str, str] = {
+SESSION_CONF: Mapping[str, str] = {
     "spark.sql.ansi.enabled": "false",
     "spark.sql.session.timeZone": "UTC",
-    "spark.ui.enabled": "false",
-    "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "8",
     "spark.sql.adaptive.enabled": "true",
-    "spark.driver.memory": "4g",
-    "spark.python.worker.reuse": "true",
     "spark.sql.execution.arrow.maxRecordsPerBatch": "65536",
 }
+#: Settings of a Spark this process starts (local or a cluster it submits to); a Spark
+#: Connect server fixed them when it started. The UI is off because nothing here looks
+#: at it and it costs start-up time and a port.
+LAUNCH_CONF: Mapping[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.driver.memory": "4g",
+    "spark.python.worker.reuse": "true",
+}
+DEFAULT_CONF: Mapping[str, str] = {**SESSION_CONF, **LAUNCH_CONF}
 
 
 def use_this_python() -> None:
@@ -46,9 +51,10 @@ def get_session(
     use_this_python()
     from pyspark.sql import SparkSession
 
+    remote = master.startswith("sc://")
     builder = SparkSession.builder.appName(app_name)
-    builder = builder.remote(master) if master.startswith("sc://") else builder.master(master)
-    for key, value in {**DEFAULT_CONF, **conf}.items():
+    builder = builder.remote(master) if remote else builder.master(master)
+    for key, value in {**(SESSION_CONF if remote else DEFAULT_CONF), **conf}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     register_source(session)

@@ -1,0 +1,48 @@
+"""Settings read from the environment when a run starts, and kept out of every message.
+
+A ``FromEnv`` setting is resolved through Dagster's ``EnvVar`` only where it is used
+(the run's process), so its value is never part of the definitions, the run config or
+the component's attributes the UI shows. Errors raised while it is in use have it
+replaced by ``***`` before they reach Dagster's event log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import dagster as dg
+
+from backlog_dagster.pipeline.config import FromEnv
+
+
+class SettingUnset(ValueError):
+    """A setting reads an environment variable that is not set."""
+
+
+def resolve(value: str | FromEnv, field: str) -> str:
+    """The setting's value; for ``{env: NAME}``, the variable's value now."""
+    if isinstance(value, str):
+        return value
+    found = dg.EnvVar(value.env).get_value()
+    if not found:
+        raise SettingUnset(
+            f"attributes.{field}: environment variable {value.env} is not set (or empty); "
+            f"set it where the runs start, e.g. in the .env file beside the project"
+        )
+    return found
+
+
+def redact(text: str, secret: str) -> str:
+    return text.replace(secret, "***") if secret else text
+
+
+@contextmanager
+def secret_kept_out(value: str | FromEnv, secret: str) -> Iterator[None]:
+    """Raise any error of the block again with ``secret`` replaced, when it is one."""
+    try:
+        yield
+    except Exception as error:
+        if isinstance(value, str) or secret not in str(error):
+            raise
+        raise RuntimeError(redact(f"{type(error).__name__}: {error}", secret)) from None
