@@ -121,7 +121,9 @@ def process_kind(pid: int) -> str:
         ("code-server", "code_server"),
         ("api grpc", "code_server"),
         ("execute_run", "run_worker"),
-        ("spawn_main", "run_step_process"),
+        # The code server starts each run's worker as a spawned process; the jobs run
+        # their one step in it (in-process executor).
+        ("spawn_main", "run_worker"),
         ("tail -F", "compute_log_tail"),
         ("watch_orphans", "compute_log_tail"),
         ("resource_tracker", "multiprocessing_helper"),

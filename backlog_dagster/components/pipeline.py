@@ -183,7 +183,7 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
 
         with (
             user_errors(defs_file),
-            heartbeat(pipeline, context.run_id),
+            heartbeat(pipeline, context.run.run_id),
             pipeline_spark(pipeline, "backlog") as spark,
         ):
             settings = pipeline.backlog
@@ -260,12 +260,12 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
         from backlog_dagster.phases.standby import await_switch, warm_up
 
         checkpoint = (
-            Path(pipeline.sink.path).parent / "checkpoints" / pipeline.name / context.run_id
+            Path(pipeline.sink.path).parent / "checkpoints" / pipeline.name / context.run.run_id
         )
         try:
             with (
                 user_errors(defs_file),
-                heartbeat(pipeline, context.run_id),
+                heartbeat(pipeline, context.run.run_id),
                 open_sink(pipeline) as sink,
                 open_sink(pipeline) as status_sink,
                 pipeline_spark(pipeline, "realtime") as spark,
