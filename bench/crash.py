@@ -75,6 +75,14 @@ def main() -> None:
     print(f"wrote {stem}.json and {stem}.md in {time.monotonic() - started:.0f} s")
 
 
+def _next_kill_point(trials: list[dict[str, Any]], rng: random.Random) -> str:
+    """A random kill point among those least tried so far: every one gets its turn
+    (16 plain random draws once left one of six untried)."""
+    tried = [trial["kill_point"] for trial in trials]
+    fewest = min(tried.count(point) for point in KILL_POINTS)
+    return rng.choice([point for point in KILL_POINTS if tried.count(point) == fewest])
+
+
 def run_session(
     number: int,
     count: int,
@@ -89,7 +97,7 @@ def run_session(
     try:
         example.start()
         for _ in range(count):
-            kill_point = rng.choice(list(KILL_POINTS))
+            kill_point = _next_kill_point(trials, rng)
             try:
                 outcome = dataclasses.asdict(run_trial(example, kill_point, rng))
             except TimeoutError as error:  # the moment never came, or no recovery
