@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
-import yaml
 from dagster_graphql import DagsterGraphQLClient
 
 from backlog_dagster.components import dev_server
@@ -18,26 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextmanager
-def dagster_dev(home: Path, data: Path, project: Path = ROOT) -> Iterator[DagsterGraphQLClient]:
+def dagster_dev(home: Path, data: Path) -> Iterator[DagsterGraphQLClient]:
     """Run ``dagster dev -w workspace.yaml`` until the block ends; yield a GraphQL client."""
-    with dev_server.dagster_dev(project, home, data) as server:
+    with dev_server.dagster_dev(ROOT, home, data) as server:
         yield DagsterGraphQLClient("127.0.0.1", port_number=server.port)
-
-
-def copy_example(project: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
-    """A copy of the example project whose pipelines' attributes ``edit`` changed in place."""
-    shutil.copytree(
-        ROOT / "definitions",
-        project / "definitions",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    for name in ("workspace.yaml", "pyproject.toml"):  # dg finds the project by the latter
-        shutil.copy(ROOT / name, project / name)
-    for defs in (project / "definitions" / "defs").glob("*/defs.yaml"):
-        document = yaml.safe_load(defs.read_text())
-        edit(document["attributes"])
-        defs.write_text(yaml.safe_dump(document, sort_keys=False))
-    return project
 
 
 def wait_for_run(client: DagsterGraphQLClient, run_id: str, timeout: float = 600) -> str:

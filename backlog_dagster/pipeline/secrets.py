@@ -33,10 +33,6 @@ def resolve(value: str | FromEnv, field: str) -> str:
     return found
 
 
-def redact(text: str, secret: str) -> str:
-    return text.replace(secret, "***") if secret else text
-
-
 @contextmanager
 def secret_kept_out(value: str | FromEnv, secret: str) -> Iterator[None]:
     """Raise any error of the block again with ``secret`` replaced, when it is one."""
@@ -45,4 +41,4 @@ def secret_kept_out(value: str | FromEnv, secret: str) -> Iterator[None]:
     except Exception as error:
         if isinstance(value, str) or secret not in str(error):
             raise
-        raise RuntimeError(redact(f"{type(error).__name__}: {error}", secret)) from None
+        raise RuntimeError(f"{type(error).__name__}: {error}".replace(secret, "***")) from None
