@@ -95,26 +95,30 @@ class BacklogPipeline(dg.Component):
         return cls(with_paths_under(attributes, data_root(Path(context.project_root))), defs_file)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        from backlog_dagster.components.switch import switch_sensor
+        return pipeline_definitions(self.config, self.defs_file)
 
-        config = self.config
-        # One asset per job: a step process of its own would only add a Python start
-        # (and the imports of Dagster and the definitions) to every run, and one more
-        # process between Dagster and the Spark driver.
-        jobs = [
-            dg.define_asset_job(
-                f"{config.name}_{phase}_job",
-                selection=[f"{config.name}_{phase}"],
-                executor_def=dg.in_process_executor,
-            )
-            for phase in ("backlog", "realtime")
-        ]
-        return dg.Definitions(
-            assets=[backlog_asset(config, self.defs_file), realtime_asset(config, self.defs_file)],
-            asset_checks=[keeps_up_check(config)],
-            jobs=jobs,
-            sensors=[switch_sensor(config, jobs)],
+
+def pipeline_definitions(config: PipelineConfig, defs_file: Path | None = None) -> dg.Definitions:
+    """The pipeline's assets, asset check, one job per phase and its switch sensor."""
+    from backlog_dagster.components.switch import switch_sensor
+
+    # One asset per job: a step process of its own would only add a Python start (and
+    # the imports of Dagster and the definitions) to every run, and one more process
+    # between Dagster and the Spark driver.
+    jobs = [
+        dg.define_asset_job(
+            f"{config.name}_{phase}_job",
+            selection=[f"{config.name}_{phase}"],
+            executor_def=dg.in_process_executor,
         )
+        for phase in ("backlog", "realtime")
+    ]
+    return dg.Definitions(
+        assets=[backlog_asset(config, defs_file), realtime_asset(config, defs_file)],
+        asset_checks=[keeps_up_check(config)],
+        jobs=jobs,
+        sensors=[switch_sensor(config, jobs)],
+    )
 
 
 def data_root(project_root: Path) -> Path:

@@ -43,11 +43,14 @@ from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink.base import Generation, PhaseChange
 from backlog_dagster.sink.sqlite import PipelineState, SqliteSink
 
-#: A run that failed within this long of its start is restarted no sooner than this
-#: after it ended, so a persistent failure (a missing topic, say) does not launch a run
-#: every tick. A run that failed after working longer (its process was killed, say) is
-#: restarted at once.
+#: A run whose own code failed within this long of its start is restarted no sooner
+#: than this after it ended, so a persistent failure (a missing topic, say) does not
+#: launch a run every tick. A run that failed after working longer, or whose process
+#: died (killed, out of memory), is restarted at once: waiting would change nothing.
 RETRY_AFTER_S = 30
+#: The failure reasons Dagster tags a run with (``dagster/failure_reason``) when its own
+#: code failed; a run whose process died has another reason, or none.
+OWN_FAILURES = frozenset({"STEP_FAILURE", "RUN_EXCEPTION", "JOB_INITIALIZATION_FAILURE"})
 
 ACTIVE = [
     dg.DagsterRunStatus.QUEUED,
@@ -187,8 +190,19 @@ def _markers(
 
 
 def _last_run(context: dg.SensorEvaluationContext, job: str) -> dg.DagsterRun | None:
-    runs = context.instance.get_runs(filters=dg.RunsFilter(job_name=job), limit=1)
-    return runs[0] if runs else None
+    """The job's newest active run, or else its newest run.
+
+    A newer run can have ended while an older one goes on: one a user launched by hand
+    that was refused because the older run holds the pipeline. It says nothing about
+    the older run, which is the one to watch.
+    """
+    for statuses in (ACTIVE, None):
+        runs = context.instance.get_runs(
+            filters=dg.RunsFilter(job_name=job, statuses=statuses), limit=1
+        )
+        if runs:
+            return runs[0]
+    return None
 
 
 def _for_generation(cursor: dict[str, Any], number: int) -> dict[str, Any]:
@@ -452,7 +466,9 @@ def _silent(
 
 
 def _failed_early(context: dg.SensorEvaluationContext, run: dg.DagsterRun) -> bool:
-    """The run failed within ``RETRY_AFTER_S`` of its start, less than that ago."""
+    """The run's own code failed within ``RETRY_AFTER_S`` of its start, less than that ago."""
+    if run.tags.get("dagster/failure_reason") not in OWN_FAILURES:
+        return False
     stats = context.instance.get_run_stats(run.run_id)
     ended = stats.end_time or stats.launch_time or 0
     started = stats.start_time or stats.launch_time or ended

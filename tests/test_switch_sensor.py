@@ -1,0 +1,77 @@
+"""The switch sensor's choice of runs, tick by tick, on a real Dagster instance.
+
+The runs here are records in the instance's run storage with the statuses and tags
+Dagster gives real ones; nothing runs. What they did is covered end to end under
+`dagster dev` (``tests/test_switch.py``, ``tests/test_crash.py``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from backlog_dagster.components.pipeline import open_sink, pipeline_definitions
+from tests.conftest import MakeTopic
+from tests.pipelines import CUSTOMER_TOTALS, pipeline
+
+JOB = "customer_totals_backlog_job"
+
+
+def add_run(
+    instance: dg.DagsterInstance, status: dg.DagsterRunStatus, **tags: str
+) -> dg.DagsterRun:
+    run = dg.DagsterRun(job_name=JOB, run_id=str(uuid.uuid4()), status=status, tags=tags)
+    instance.add_run(run)
+    return run
+
+
+def test_a_run_refused_by_hand_hides_no_active_run_and_only_own_failures_wait(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    make_topic(records=1_000, buckets=2)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS, switch={"standby": False})
+    defs = pipeline_definitions(config)
+    sensor = defs.resolve_sensor_def("customer_totals_switch")
+    cursor: list[str | None] = [None]
+
+    def tick(instance: dg.DagsterInstance) -> Any:
+        context = dg.build_sensor_context(instance=instance, cursor=cursor[0], definitions=defs)
+        result = sensor(context)
+        cursor[0] = result.cursor
+        return result
+
+    with dg.instance_for_test() as instance:
+        first = tick(instance)
+        assert [r.job_name for r in first.run_requests] == [JOB]
+
+        # The sensor's run reads and beats; a newer run a user launched by hand was
+        # refused (its own code failed). The active older run is the one that counts.
+        reading = add_run(instance, dg.DagsterRunStatus.STARTED)
+        with open_sink(config) as sink:
+            sink.beat(reading.run_id)
+        add_run(instance, dg.DagsterRunStatus.FAILURE, **{"dagster/failure_reason": "STEP_FAILURE"})
+        second = tick(instance)
+        assert second.run_requests == []
+        assert second.skip_reason.skip_message == f"backlog run {reading.run_id} is active"
+
+        # Its process dies a moment after it started (Dagster's code server reports it
+        # failed, with no reason of the run's own): restarted at once.
+        instance.report_run_failed(reading)
+        third = tick(instance)
+        assert [r.job_name for r in third.run_requests] == [JOB]
+
+        # A run whose own code failed as soon as it started waits before the next try,
+        # so a persistent error does not launch a run every tick.
+        failing = add_run(
+            instance, dg.DagsterRunStatus.STARTED, **{"dagster/failure_reason": "STEP_FAILURE"}
+        )
+        instance.report_run_failed(failing)
+        fourth = tick(instance)
+        assert fourth.run_requests == []
+        assert fourth.skip_reason.skip_message == (
+            f"the backlog run {failing.run_id} failed soon after it started; retrying 30 s "
+            "after it ended"
+        )
