@@ -193,6 +193,11 @@ class ExampleUnderTest:
         )
         return {bucket: (start, marker, reached) for bucket, start, marker, reached in rows}
 
+    def markers_reached(self, pipeline: str) -> bool:
+        """Every bucket of the newest generation reached its marker."""
+        progress = self.progress(pipeline)
+        return bool(progress) and all(r >= m for _, m, r in progress.values())
+
     def realtime_commit_since(self, pipeline: str, moment: float) -> float | None:
         rows = self._query(
             "SELECT min(committed_at) FROM backlog_commits WHERE pipeline = ? AND "
@@ -327,17 +332,25 @@ def run_trial(example: ExampleUnderTest, kill_point: str, rng: random.Random) ->
     return recover(example, strike(example, kill_point, rng))
 
 
-def strike(example: ExampleUnderTest, kill_point: str, rng: random.Random) -> Strike:
-    """Wait for the kill point's moment and kill; start dagster dev again if it went down."""
-    kill = {
-        "backlog_interval_0": _kill_backlog_mid_job,
-        "backlog_interval_positive": _kill_backlog_between_chunks,
-        "before_switch": _kill_before_switch,
-        "realtime_sink_write": _kill_during_sink_write,
-        "daemon": _kill_daemon,
-        "everything": _kill_everything,
-    }[kill_point]
-    outcome, killed_at = kill(example, rng)
+def strike(
+    example: ExampleUnderTest, kill_point: str, rng: random.Random, phase: str | None = None
+) -> Strike:
+    """Wait for the kill point's moment and kill; start dagster dev again if it went down.
+
+    ``phase`` sets the phase the daemon or everything is killed in (drawn at random
+    otherwise); the other kill points have theirs.
+    """
+    if kill_point in ("daemon", "everything"):
+        kill_in = _kill_daemon if kill_point == "daemon" else _kill_everything
+        outcome, killed_at = kill_in(example, rng, phase or rng.choice(("backlog", "realtime")))
+    else:
+        kill = {
+            "backlog_interval_0": _kill_backlog_mid_job,
+            "backlog_interval_positive": _kill_backlog_between_chunks,
+            "before_switch": _kill_before_switch,
+            "realtime_sink_write": _kill_during_sink_write,
+        }[kill_point]
+        outcome, killed_at = kill(example, rng)
     dead_at = example.dead_at
     if example.process is not None and example.process.poll() is not None:
         example.process = None  # dagster dev stopped itself (it does when its daemon dies)
@@ -403,12 +416,7 @@ def _kill_backlog_between_chunks(
 def _kill_before_switch(example: ExampleUnderTest, rng: random.Random) -> tuple[Outcome, float]:
     pipeline = "customer_totals"
     _backlog_run_logging(example, pipeline, "records to read up to the markers")
-
-    def finished() -> bool:
-        progress = example.progress(pipeline)
-        return bool(progress) and all(r >= m for _, m, r in progress.values())
-
-    if not poll(finished, 300, interval=0.01):
+    if not poll(lambda: example.markers_reached(pipeline), 300, interval=0.01):
         raise TimeoutError("customer_totals' backlog never reached its markers")
     hit = example.phase(pipeline) == "backlog"
     pids = _daemons(example)
@@ -453,8 +461,10 @@ def _kill_during_sink_write(example: ExampleUnderTest, rng: random.Random) -> tu
     return outcome, killed_at
 
 
-def _kill_daemon(example: ExampleUnderTest, rng: random.Random) -> tuple[Outcome, float]:
-    phase = _random_phase(example, rng)
+def _kill_daemon(
+    example: ExampleUnderTest, rng: random.Random, phase: str
+) -> tuple[Outcome, float]:
+    _wait_for_phase(example, rng, phase)
     daemons = _daemons(example)
     killed_at = time.time()
     killed = example.kill(daemons)
@@ -477,8 +487,10 @@ def _wait_dagster_dev_gone(example: ExampleUnderTest) -> None:
     example.process = None
 
 
-def _kill_everything(example: ExampleUnderTest, rng: random.Random) -> tuple[Outcome, float]:
-    phase = _random_phase(example, rng)
+def _kill_everything(
+    example: ExampleUnderTest, rng: random.Random, phase: str
+) -> tuple[Outcome, float]:
+    _wait_for_phase(example, rng, phase)
     assert example.process is not None
     process = example.process
     pids = processes_under(process.pid) | {process.pid}
@@ -489,22 +501,26 @@ def _kill_everything(example: ExampleUnderTest, rng: random.Random) -> tuple[Out
     return Outcome("everything", "both", phase, True, killed), killed_at
 
 
-def _random_phase(example: ExampleUnderTest, rng: random.Random) -> str:
-    """Wait for realtime, or reset a pipeline into a backlog; then a random few seconds."""
-    if not example.wait_in_realtime(PIPELINES, 0, timeout=420):
-        raise TimeoutError("the pipelines did not reach realtime")
-    phase = rng.choice(("backlog", "realtime"))
+def _wait_for_phase(example: ExampleUnderTest, rng: random.Random, phase: str) -> None:
+    """Until a backlog run of a random pipeline reads (resetting it into a backlog if
+    need be), or both pipelines are in realtime; then a random few seconds."""
     if phase == "backlog":
         _backlog_run_logging(example, rng.choice(PIPELINES), "records to read up to the markers")
         time.sleep(rng.uniform(0, 1))
     else:
+        if not example.wait_in_realtime(PIPELINES, 0, timeout=420):
+            raise TimeoutError("the pipelines did not reach realtime")
         time.sleep(rng.uniform(0, 5))
-    return phase
 
 
 def _backlog_run_logging(example: ExampleUnderTest, pipeline: str, text: str) -> dg.DagsterRun:
-    """The pipeline's backlog run once it logged ``text``; resets the pipeline if needed."""
-    if example.phase(pipeline) != "backlog":
+    """The pipeline's live backlog run once it logged ``text``.
+
+    A pipeline in realtime, or whose backlog has nothing left to read, is reset into a
+    new backlog first. A killed run counts as started until the sensor notices; it has
+    no processes left and is passed over.
+    """
+    if example.phase(pipeline) != "backlog" or example.markers_reached(pipeline):
         example.reset(pipeline)
     found: list[dg.DagsterRun] = []
 
@@ -512,7 +528,7 @@ def _backlog_run_logging(example: ExampleUnderTest, pipeline: str, text: str) ->
         found[:] = [
             r
             for r in example.started_runs(pipeline, "backlog")
-            if example.run_logged(r.run_id, text)
+            if example.run_logged(r.run_id, text) and example.run_processes(r.run_id)
         ]
         return bool(found)
 

@@ -6,12 +6,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import dagster as dg
 
-from tests.conftest import MakeTopic
 from tests.pipelines import assert_example_customer_totals
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,45 +73,3 @@ def test_example_assets_materialize_through_the_dagster_cli(tmp_path: Path) -> N
         assert metadata("region_minutes_backlog")["rows_read"] == 60_000
 
     assert_example_customer_totals(tmp_path, tmp_path / "example" / "orders")
-
-
-def test_backlog_job_launched_as_the_ui_does_runs_on_the_daemon(
-    make_topic: MakeTopic, tmp_path: Path
-) -> None:
-    """Through `dagster dev`: the GraphQL launch the UI makes, the run queue, the daemon."""
-    from tests.dagster_server import dagster_dev, wait_for_run
-
-    topic = make_topic(records=60_000, buckets=4, name="example/orders")
-    with dagster_dev(tmp_path / "dagster_home", tmp_path) as client:
-        run_id = client.submit_job_execution(
-            "customer_totals_backlog_job",
-            run_config={
-                "ops": {"customer_totals_backlog": {"config": {"checkpoint_interval": 0.05}}}
-            },
-        )
-        # The switch sensor launches its own backlog run too: one of the two does the work,
-        # and one started while the other holds the pipeline is refused, saying why.
-        status = wait_for_run(client, run_id)
-        with dg.DagsterInstance.from_config(str(tmp_path / "dagster_home")) as instance:
-            if status != "SUCCESS":
-                assert status == "FAILURE"
-                failure = instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
-                assert "refusing to start a backlog run while another run" in str(failure)
-
-            def rows_read() -> int:
-                records = instance.fetch_materializations(
-                    dg.AssetKey("customer_totals_backlog"), limit=10
-                ).records
-                return sum(
-                    r.asset_materialization.metadata["rows_read"].value  # type: ignore[misc]
-                    for r in records
-                    if r.asset_materialization is not None
-                )
-
-            deadline = time.monotonic() + 300
-            while rows_read() < 60_000:
-                assert time.monotonic() < deadline, "the backlog never materialized"
-                time.sleep(1)
-            assert rows_read() == 60_000
-
-    assert_example_customer_totals(tmp_path, topic.path)

@@ -9,16 +9,18 @@ import signal
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import pytest
+from dagster_graphql import DagsterGraphQLClient
 
 from backlog_dagster.components.dev_server import process_kind, processes_under
 from backlog_dagster.log import Topic
 from tests.conftest import MakeTopic, append_orders
-from tests.dagster_server import dagster_dev
+from tests.dagster_server import dagster_dev, wait_for_run
 from tests.pipelines import assert_example_customer_totals, assert_example_region_minutes
 
 
@@ -77,119 +79,165 @@ def runs_of(instance: dg.DagsterInstance, job: str) -> list[dg.DagsterRun]:
     return list(instance.get_runs(filters=dg.RunsFilter(job_name=job)))
 
 
-def test_sensor_runs_backlog_then_switches_to_realtime_with_its_own_config(
+@pytest.mark.timeout(1200)
+def test_the_example_under_dagster_dev_switches_recovers_goes_back_and_returns(
     make_topic: MakeTopic, tmp_path: Path
 ) -> None:
-    topic = make_topic(records=40_000, buckets=4, name="example/orders")
-    home = tmp_path / "dagster_home"
-    with dagster_dev(home, tmp_path) as client:
-        instance = dg.DagsterInstance.from_config(str(home))
-        wait_until(
-            lambda: sink_state(tmp_path, "customer_totals")[0] == "realtime",
-            400,
-            "the switch to realtime",
-        )
-        markers = sink_state(tmp_path, "customer_totals")[1]
-        assert sum(markers.values()) == 40_000
+    """Both pipelines of the example project in one `dagster dev` session.
 
-        def realtime_running() -> bool:
-            return any(
-                r.status == dg.DagsterRunStatus.STARTED
-                for r in runs_of(instance, "customer_totals_realtime_job")
-            )
-
-        wait_until(realtime_running, 300, "the realtime run")
-        for _ in range(4):  # live records while realtime runs
-            append_orders(topic, 3_000, live=True)
-            time.sleep(1)
-        wait_until(
-            lambda: sink_state(tmp_path, "customer_totals")[1] == topic.latest_offsets(),
-            300,
-            "realtime to catch up with the live records",
-        )
-
-        backlog_runs = runs_of(instance, "customer_totals_backlog_job")
-        realtime_runs = runs_of(instance, "customer_totals_realtime_job")
-        assert len(backlog_runs) == 1 and len(realtime_runs) == 1
-        backlog_config = backlog_runs[0].run_config["ops"]["customer_totals_backlog"]["config"]
-        realtime_config = realtime_runs[0].run_config["ops"]["customer_totals_realtime"]["config"]
-        assert backlog_config["checkpoint_interval"] == 0
-        # The realtime run was started as a standby while the backlog ran, and switched
-        # the pipeline itself the moment the backlog run let go of it.
-        assert realtime_config == {
-            "checkpoint_interval": 2.0,
-            "shuffle_partitions": 4,
-            "standby_for_generation": 1,
-        }
-
-        finishes = observations(instance, "customer_totals_backlog", "bucket")
-        assert sorted(m["bucket"].value for m in finishes) == [0, 1, 2, 3]
-        switch = observations(instance, "customer_totals_realtime", "is_backlog")
-        assert len(switch) == 1 and switch[0]["is_backlog"].value is False
-
-        assert_example_customer_totals(tmp_path, topic.path)
-
-        # The realtime run's process dies: the sensor notices the silent heartbeat, marks
-        # the run failed and starts another, which continues from the sink's offsets.
-        dead = realtime_runs[0].run_id
-        kill_run_worker(instance, dead)
-        append_orders(topic, 5_000, live=True)
-
-        def restarted() -> bool:
-            runs = runs_of(instance, "customer_totals_realtime_job")
-            return len(runs) == 2 and runs[0].status == dg.DagsterRunStatus.STARTED
-
-        wait_until(restarted, 300, "the sensor to restart the dead realtime run")
-        assert instance.get_run_by_id(dead).status == dg.DagsterRunStatus.FAILURE  # type: ignore[union-attr]
-        append_orders(topic, 5_000, live=True)
-        wait_until(
-            lambda: sink_state(tmp_path, "customer_totals")[1] == topic.latest_offsets(),
-            300,
-            "the restarted run to catch up",
-        )
-        assert_example_customer_totals(tmp_path, topic.path)
-
-        run_id = runs_of(instance, "customer_totals_realtime_job")[0].run_id
-        client.terminate_run(run_id)
-        wait_until(
-            lambda: (
-                instance.get_run_by_id(run_id).status  # type: ignore[union-attr]
-                == dg.DagsterRunStatus.CANCELED
-            ),
-            120,
-            "the cancellation",
-        )
-        time.sleep(15)  # three sensor ticks: a cancelled realtime run stays cancelled
-        assert len(runs_of(instance, "customer_totals_realtime_job")) == 2
-        instance.dispose()
-
-
-@pytest.mark.timeout(900)
-def test_a_stalled_realtime_run_sends_the_pipeline_back_into_backlog_and_it_returns(
-    make_topic: MakeTopic, tmp_path: Path
-) -> None:
-    """region_minutes' realtime run stalls long enough to send it back into backlog.
-
-    The example's own lag policy (threshold 2 minutes): scaled down to a minute, a
-    realtime run's cold start on two cores (about a minute to its first commit) alone
-    lets the lag pass the threshold, and the pipeline goes back again after every
-    return, as ``keeps_up`` then says. (A restart of all of Dagster mid-backlog, and
-    each bucket's finish reported once across it, is a trial of the crash matrix:
-    ``tests/test_crash.py``.)
+    A backlog run launched as the UI does races the sensor's; customer_totals switches
+    with its realtime run's own config, survives its realtime run's death and stays
+    cancelled when the user says so; region_minutes stalls, goes back into backlog and
+    returns. One session instead of three: each costs two cold Spark starts per pipeline.
     """
     topic = make_topic(records=100_000, buckets=4, name="example/orders")
     home = tmp_path / "dagster_home"
-    with dagster_dev(home, tmp_path):
+    with dagster_dev(home, tmp_path) as client:
         instance = dg.DagsterInstance.from_config(str(home))
-        # Its backlog's event times are old and nothing is appended yet: it switches once
-        # the source is idle. Only then do live records arrive, and the stall begins.
+        by_hand = client.submit_job_execution(
+            "customer_totals_backlog_job",
+            run_config={
+                "ops": {"customer_totals_backlog": {"config": {"checkpoint_interval": 0.05}}}
+            },
+        )
+        customer_totals_switches_with_its_own_config(instance, tmp_path, topic)
+        a_run_launched_by_hand_did_the_work_or_was_refused(instance, client, by_hand)
         wait_until(
             lambda: sink_state(tmp_path, "region_minutes")[0] == "realtime",
             600,
             "region_minutes' first switch to realtime",
         )
-        stall_region_minutes_and_see_it_come_back(instance, tmp_path, topic)
+        # customer_totals' realtime run dies while region_minutes' stalls: the two
+        # recoveries overlap, as they would in production.
+        stall_region_minutes_and_see_it_come_back(
+            instance,
+            tmp_path,
+            topic,
+            meanwhile=lambda: killed_realtime_run_is_restarted(instance, tmp_path),
+        )
+        wait_until(
+            lambda: sink_state(tmp_path, "customer_totals")[1] == topic.latest_offsets(),
+            300,
+            "customer_totals to catch up",
+        )
+        assert_example_customer_totals(tmp_path, topic.path)
+        cancelled_realtime_run_stays_cancelled(instance, client)
         instance.dispose()
+
+
+def customer_totals_switches_with_its_own_config(
+    instance: dg.DagsterInstance, data: Path, topic: Topic
+) -> None:
+    wait_until(
+        lambda: sink_state(data, "customer_totals")[0] == "realtime",
+        400,
+        "the switch to realtime",
+    )
+    markers = sink_state(data, "customer_totals")[1]
+    assert sum(markers.values()) == 100_000
+
+    def realtime_running() -> bool:
+        return any(
+            r.status == dg.DagsterRunStatus.STARTED
+            for r in runs_of(instance, "customer_totals_realtime_job")
+        )
+
+    wait_until(realtime_running, 300, "the realtime run")
+    for _ in range(4):  # live records while realtime runs
+        append_orders(topic, 3_000, live=True)
+        time.sleep(1)
+    wait_until(
+        lambda: sink_state(data, "customer_totals")[1] == topic.latest_offsets(),
+        300,
+        "realtime to catch up with the live records",
+    )
+
+    sensors = [r for r in runs_of(instance, "customer_totals_backlog_job") if _by_sensor(r)]
+    realtime_runs = runs_of(instance, "customer_totals_realtime_job")
+    assert len(sensors) == 1 and len(realtime_runs) == 1
+    backlog_config = sensors[0].run_config["ops"]["customer_totals_backlog"]["config"]
+    realtime_config = realtime_runs[0].run_config["ops"]["customer_totals_realtime"]["config"]
+    assert backlog_config["checkpoint_interval"] == 0
+    # The realtime run was started as a standby while the backlog ran, and switched
+    # the pipeline itself the moment the backlog run let go of it.
+    assert realtime_config == {
+        "checkpoint_interval": 2.0,
+        "shuffle_partitions": 4,
+        "standby_for_generation": 1,
+    }
+
+    finishes = observations(instance, "customer_totals_backlog", "bucket")
+    assert sorted(m["bucket"].value for m in finishes) == [0, 1, 2, 3]
+    switch = observations(instance, "customer_totals_realtime", "is_backlog")
+    assert len(switch) == 1 and switch[0]["is_backlog"].value is False
+    assert_example_customer_totals(data, topic.path)
+
+
+def a_run_launched_by_hand_did_the_work_or_was_refused(
+    instance: dg.DagsterInstance, client: DagsterGraphQLClient, run_id: str
+) -> None:
+    """The launch the UI makes goes through the run queue to the daemon and runs.
+
+    It raced the sensor's backlog run: one of the two read the backlog (exactly once
+    between them), and one started while the other held the pipeline was refused,
+    saying why.
+    """
+    status = wait_for_run(client, run_id)
+    if status != "SUCCESS":
+        assert status == "FAILURE"
+        failure = instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
+        assert "refusing to start a backlog run while another run" in str(failure)
+    records = instance.fetch_materializations(
+        dg.AssetKey("customer_totals_backlog"), limit=10
+    ).records
+    read = [
+        r.asset_materialization.metadata["rows_read"].value
+        for r in records
+        if r.asset_materialization is not None
+    ]
+    assert sum(read) == 100_000  # type: ignore[arg-type]
+
+
+def killed_realtime_run_is_restarted(instance: dg.DagsterInstance, data: Path) -> None:
+    """customer_totals' realtime run is killed while live records arrive: the sensor
+    notices the silent heartbeat, marks the run failed and starts another, which goes on
+    from the sink's offsets (the oracle is checked once the producer stops)."""
+    dead = runs_of(instance, "customer_totals_realtime_job")[0].run_id
+    kill_run_worker(instance, dead)
+    at_kill = sink_state(data, "customer_totals")[1]
+
+    def restarted() -> bool:
+        runs = runs_of(instance, "customer_totals_realtime_job")
+        return len(runs) == 2 and runs[0].status == dg.DagsterRunStatus.STARTED
+
+    wait_until(restarted, 300, "the sensor to restart the dead realtime run")
+    assert instance.get_run_by_id(dead).status == dg.DagsterRunStatus.FAILURE  # type: ignore[union-attr]
+    wait_until(
+        lambda: all(sink_state(data, "customer_totals")[1][b] > at_kill[b] for b in at_kill),
+        300,
+        "the restarted run to commit past where the dead one stopped",
+    )
+
+
+def cancelled_realtime_run_stays_cancelled(
+    instance: dg.DagsterInstance, client: DagsterGraphQLClient
+) -> None:
+    run_id = runs_of(instance, "customer_totals_realtime_job")[0].run_id
+    client.terminate_run(run_id)
+    wait_until(
+        lambda: (
+            instance.get_run_by_id(run_id).status  # type: ignore[union-attr]
+            == dg.DagsterRunStatus.CANCELED
+        ),
+        120,
+        "the cancellation",
+    )
+    time.sleep(15)  # three sensor ticks: a cancelled realtime run stays cancelled
+    assert len(runs_of(instance, "customer_totals_realtime_job")) == 2
+
+
+def _by_sensor(run: dg.DagsterRun) -> bool:
+    return "dagster/sensor_name" in run.tags
 
 
 class LiveProducer(threading.Thread):
@@ -243,13 +291,14 @@ def phase_history(data: Path, pipeline: str) -> list[tuple[int, str, float | Non
 
 
 def stall_region_minutes_and_see_it_come_back(
-    instance: dg.DagsterInstance, data: Path, topic: Topic
+    instance: dg.DagsterInstance, data: Path, topic: Topic, meanwhile: Callable[[], None]
 ) -> None:
     """The example's region_minutes (lag threshold 2 min) goes back into backlog and returns.
 
     Its realtime run's Spark JVM is stopped while records keep arriving: the run's
     heartbeat goes on, the watermark does not, and once the lag has been above the
-    threshold for the grace period the sensor goes back into backlog.
+    threshold for the grace period the sensor goes back into backlog. ``meanwhile`` runs
+    while it stalls (at least the 2 minutes of the threshold), with live records arriving.
     """
 
     def realtime_run() -> dg.DagsterRun | None:
@@ -279,6 +328,7 @@ def stall_region_minutes_and_see_it_come_back(
         for pid in stalled:
             os.kill(pid, signal.SIGSTOP)
         try:
+            meanwhile()
 
             def went_back() -> bool:
                 history = phase_history(data, "region_minutes")[seen - 1 :]
