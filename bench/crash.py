@@ -1,6 +1,6 @@
 """The crash matrix's long run: random kill points at random moments, many trials.
 
-    .venv/bin/python bench/crash.py [--trials 30] [--per-session 10] [--seed 1]
+    .venv/bin/python bench/crash.py [--trials 30] [--per-session 10] [--seed 1] [--resume]
 
 Each session starts the example project under ``dagster dev`` on a fresh generated
 backlog with a live producer (``tests/crash.py``), then runs trials one after another:
@@ -11,7 +11,8 @@ stopped, the pipelines caught up with the log's end and a last audit.
 Writes ``bench/results/<date>-crash.json`` and ``<date>-crash.md`` (the table of trials:
 kill point, recovered, lost, duplicated, recovery time), rewritten after every trial, so
 a run stopped early leaves the table of the trials it finished (its header says how
-many).
+many). ``--resume`` goes on from that day's file up to ``--trials`` in new sessions
+(give it another ``--seed``); each trial records the commit it ran on.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,22 +47,32 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--live-rate", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--resume", action="store_true", help="go on from today's file")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     started = time.monotonic()
-    trials: list[dict[str, Any]] = []
-    sessions: list[dict[str, Any]] = []
     stem = RESULTS / f"{datetime.now(UTC):%Y-%m-%d}-crash"
+    earlier: dict[str, Any] = {"trials": [], "sessions": [], "bench_seconds": 0.0}
+    if args.resume:
+        earlier = json.loads(stem.with_suffix(".json").read_text())
+    trials: list[dict[str, Any]] = earlier["trials"]
+    sessions: list[dict[str, Any]] = earlier["sessions"]
+    # A session stopped before its last audit has trials but no entry in ``sessions``.
+    begun = max([len(sessions)] + [t["session"] for t in trials])
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
 
     def write() -> None:
         figures = {
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "settings": vars(args),
+            "settings": earlier.get("settings", vars(args)),
+            "resumed": earlier.get("resumed", []) + ([vars(args)] if args.resume else []),
             "kill_points": KILL_POINTS,
             "trials": trials,
             "sessions": sessions,
             "summary": summarize(trials),
-            "bench_seconds": round(time.monotonic() - started, 1),
+            "bench_seconds": round(earlier["bench_seconds"] + time.monotonic() - started, 1),
         }
         RESULTS.mkdir(parents=True, exist_ok=True)
         stem.with_suffix(".json").write_text(json.dumps(figures, indent=2) + "\n")
@@ -68,7 +80,8 @@ def main() -> None:
 
     while len(trials) < args.trials:
         count = min(args.per_session, args.trials - len(trials))
-        session = run_session(len(sessions), count, args, rng, trials, write)
+        session = run_session(begun, count, args, rng, trials, write, commit)
+        begun += 1
         sessions.append(session)
         write()
         print(f"session {len(sessions)}: {session}", flush=True)
@@ -90,6 +103,7 @@ def run_session(
     rng: random.Random,
     trials: list[dict[str, Any]],
     write: Callable[[], None],
+    commit: str,
 ) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="crash-"))
     example = ExampleUnderTest(folder, args.records, args.live_rate, seed=args.seed + number)
@@ -102,7 +116,7 @@ def run_session(
                 outcome = dataclasses.asdict(run_trial(example, kill_point, rng))
             except TimeoutError as error:  # the moment never came, or no recovery
                 outcome = {"kill_point": kill_point, "recovered": False, "note": str(error)}
-            outcome |= {"trial": len(trials) + 1, "session": number + 1}
+            outcome |= {"trial": len(trials) + 1, "session": number + 1, "commit": commit}
             trials.append(outcome)
             write()
             print(json.dumps(outcome), flush=True)
@@ -143,8 +157,9 @@ def markdown(figures: dict[str, Any]) -> str:
         f"{len(figures['trials'])} of {settings['trials']} trials, in "
         f"{len(figures['sessions'])} finished session(s) of the "
         f"example project under `dagster dev`; backlog {settings['records']:,} records, live "
-        f"producer {settings['live_rate']:,} records/s; seed {settings['seed']}; "
-        f"{figures['bench_seconds'] / 60:.0f} minutes in all. Written by `bench/crash.py`.",
+        f"producer {settings['live_rate']:,} records/s; seed {settings['seed']}"
+        + "".join(f"; resumed with seed {r['seed']}" for r in figures.get("resumed", []))
+        + f"; {figures['bench_seconds'] / 60:.0f} minutes in all. Written by `bench/crash.py`.",
         "",
         "| kill point | trials | moment hit | recovered | lost | duplicated | wrong values "
         "| recovery s (median) | recovery s (max) |",
@@ -156,6 +171,21 @@ def markdown(figures: dict[str, Any]) -> str:
             f"{row['lost']} | {row['duplicated']} | {row['mismatched']} | "
             f"{_seconds(row['recovery_s_median'])} | {_seconds(row['recovery_s_max'])} |"
         )
+    commits = sorted({t.get("commit", "") for t in figures["trials"]})
+    if len(commits) > 1:  # a resumed run: the code under test may have changed between
+        lines += [
+            "",
+            "| commit | trials | lost | duplicated | recovery s (median) |",
+            "| --- | ---: | ---: | ---: | ---: |",
+        ]
+        for commit in commits:
+            mine = [t for t in figures["trials"] if t.get("commit", "") == commit]
+            recovery = [t["recovery_s"] for t in mine if t.get("recovery_s") is not None]
+            lines.append(
+                f"| {commit} | {len(mine)} | {sum(t.get('lost', 0) for t in mine)} | "
+                f"{sum(t.get('duplicated', 0) for t in mine)} | "
+                f"{_seconds(statistics.median(recovery) if recovery else None)} |"
+            )
     lines += [
         "",
         "Recovery time: from the kill until every pipeline the kill touched committed in "
@@ -163,14 +193,15 @@ def markdown(figures: dict[str, Any]) -> str:
         "",
         "## Trials",
         "",
-        "| # | kill point | pipeline | phase | hit | killed | recovered | lost | duplicated "
-        "| recovery s | note |",
-        "| ---: | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | --- |",
+        "| # | commit | kill point | pipeline | phase | hit | killed | recovered | lost "
+        "| duplicated | recovery s | note |",
+        "| ---: | --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | --- |",
     ]
     for t in figures["trials"]:
         killed = ", ".join(sorted(set(t.get("killed", []))))
         lines.append(
-            f"| {t['trial']} | {t['kill_point']} | {t.get('pipeline', '')} | "
+            f"| {t['trial']} | {t.get('commit', '')} | {t['kill_point']} | "
+            f"{t.get('pipeline', '')} | "
             f"{t.get('phase', '')} | {t.get('hit', '')} | {killed} | {t['recovered']} | "
             f"{t.get('lost', '')} | {t.get('duplicated', '')} | "
             f"{_seconds(t.get('recovery_s'))} | {t.get('note', '')} |"
