@@ -84,7 +84,7 @@ def main() -> None:
         begun += 1
         sessions.append(session)
         write()
-        print(f"session {len(sessions)}: {session}", flush=True)
+        print(f"session {session['session']}: {session}", flush=True)
     print(f"wrote {stem}.json and {stem}.md in {time.monotonic() - started:.0f} s")
 
 
