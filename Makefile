@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(BIN)/backlog-dagster demo
 
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadgroup
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -32,6 +32,13 @@ os.environ.setdefault(
 )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The two tests under `dagster dev` first. `make test` runs two workers and keeps
+    those two on one of them, one after the other (their Spark drivers together would
+    drown two cores), while the short tests run on the other."""
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+
+
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
     from backlog_dagster.spark.session import get_session
