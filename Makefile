@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(BIN)/backlog-dagster demo
 
 test: lint
-	$(BIN)/pytest -n 2 --dist loadgroup
+	$(BIN)/pytest -n 2
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -17,7 +17,7 @@ import pytest
 from tests.crash import KILL_POINTS, PIPELINES, ExampleUnderTest, audit, recover, strike
 
 
-@pytest.mark.xdist_group("dagster_dev")
+@pytest.mark.dagster_dev
 @pytest.mark.timeout(1800)
 def test_no_record_is_lost_or_doubled_whatever_is_killed(tmp_path: Path) -> None:
     example = ExampleUnderTest(tmp_path, records=100_000, live_rate=200)

@@ -79,7 +79,7 @@ def runs_of(instance: dg.DagsterInstance, job: str) -> list[dg.DagsterRun]:
     return list(instance.get_runs(filters=dg.RunsFilter(job_name=job)))
 
 
-@pytest.mark.xdist_group("dagster_dev")
+@pytest.mark.dagster_dev
 @pytest.mark.timeout(1200)
 def test_the_example_under_dagster_dev_switches_recovers_goes_back_and_returns(
     make_topic: MakeTopic, tmp_path: Path
