@@ -21,7 +21,7 @@ from backlog_dagster.log.schema import parse_ddl
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.bad_records import BadRecord
 from backlog_dagster.phases.markers import DefinitionChanged, current_generation
-from backlog_dagster.phases.transform import TransformError
+from backlog_dagster.phases.transform import TransformError, source_problems
 from backlog_dagster.phases.truncation import LogTruncated
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink.base import SinkUnreachable
@@ -246,8 +246,30 @@ def test_on_bad_record_fail_stops_naming_bucket_and_offset(
         ),
         (
             {"source_event_time": "amount"},
-            "attributes.source.event_time: 'amount' is double, not a TIMESTAMP; name a "
+            "attributes.source.event_time: 'amount' is DOUBLE, not a TIMESTAMP; name a "
             "TIMESTAMP column or derive one under transform.columns",
+        ),
+        (
+            {
+                "transform": {
+                    "keys": ["customer_id"],
+                    "aggregations": [{"name": "total", "function": "sum", "column": "region"}],
+                }
+            },
+            "attributes.transform.aggregations.0.column: sum needs a numeric input, and "
+            "'region' is STRING; if it holds numbers, derive one under transform.columns, e.g. "
+            "{region_number: CAST(region AS DOUBLE)}",
+        ),
+        (
+            {
+                "transform": {
+                    "columns": {"label": "concat(region, '!')"},
+                    "keys": ["customer_id"],
+                    "aggregations": [{"name": "mean", "function": "avg", "column": "label"}],
+                }
+            },
+            "attributes.transform.aggregations.0.column: avg needs a numeric input, and "
+            "'label' is STRING",
         ),
         (
             {"transform": {**CUSTOMER_TOTALS, "filter": "amout > 5"}},
@@ -303,13 +325,79 @@ def test_an_unreachable_sink_names_the_field(tmp_path: Path) -> None:
     )
 
 
+def test_a_windowed_pipeline_takes_its_event_time_from_the_log(tmp_path: Path) -> None:
+    """Lateness is judged by arrival, which the log indexes by its record time."""
+    json_topic(tmp_path)
+    config = payments(tmp_path)
+    windowed = config.model_copy(
+        update={
+            "transform": config.transform.model_copy(
+                update={"window": {"size": 60.0, "allowed_lateness": 0.0}}
+            )
+        }
+    )
+    windowed = PipelineConfig.model_validate(windowed.model_dump())
+    with Topic(tmp_path / "payments") as topic:
+        problems = source_problems(windowed, topic)
+        assert [str(p) for p in problems] == [
+            "attributes.source.event_time: a windowed pipeline's event time must be the log's "
+            "record time, 'ts' (or _timestamp), not 'at': a realtime record is late when its "
+            "window had closed by the time it was appended, and the log indexes its appends "
+            "by record time"
+        ]
+        # _timestamp: the log's record time, read through the declared schema.
+        by_log = windowed.model_copy(
+            update={
+                "source": windowed.source.model_copy(
+                    update={
+                        "event_time": "_timestamp",
+                        "record_schema": SCHEMA + ", _timestamp TIMESTAMP",
+                    }
+                )
+            }
+        )
+        assert source_problems(by_log, topic) == []
+        assert source_problems(config, topic) == []  # no window: any TIMESTAMP column
+
+
+def test_a_definition_changed_before_any_result_takes_new_markers(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """A definition that never committed anything (it may never have run) is replaced
+    without a reset: starting over loses nothing."""
+    topic = make_topic(records=1_000, buckets=2)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    with open_sink(config) as sink:
+        current_generation(sink, topic, config, print)
+    changed = pipeline(tmp_path, {**CUSTOMER_TOTALS, "keys": ["region"]})
+    logged: list[str] = []
+    with open_sink(changed) as sink:
+        generation = current_generation(sink, topic, changed, logged.append)
+        assert generation.number == 2
+        assert generation.reason == "definition changed before any result"
+    assert logged[0].startswith(
+        "generation 2: the definition changed before any result was committed; new boundary "
+        "markers taken: bucket 0 [0, "
+    )
+
+
 def test_state_of_a_different_definition_is_refused_with_the_fix(
     make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = make_topic(records=1_000, buckets=2)
     config = pipeline(tmp_path, CUSTOMER_TOTALS)
     with open_sink(config) as sink:
-        current_generation(sink, topic, config, print)
+        generation = current_generation(sink, topic, config, print)
+        sink.commit(
+            generation.number,
+            {0: 0},
+            {0: 1},
+            pa.table({"customer_id": ["C1"], "total_amount": [1.0], "orders": [1]})
+            .append_column("largest_amount", pa.array([1.0]))
+            .append_column("smallest_amount", pa.array([1.0]))
+            .append_column("_mean_amount_sum", pa.array([1.0]))
+            .append_column("_mean_amount_count", pa.array([1])),
+        )
     changed = pipeline(tmp_path, {**CUSTOMER_TOTALS, "keys": ["region"]})
     with open_sink(changed) as sink, pytest.raises(DefinitionChanged) as error:
         current_generation(sink, topic, changed, print)

@@ -116,8 +116,6 @@ def test_late_records_go_to_the_late_table_not_the_results(
     )
     with open_sink(config) as sink:
         run_backlog(spark, config, sink, log=print)
-        latest = sink.max_event_time()
-    assert latest is not None
     with Topic(topic.path) as log:
         before = records_up_to(log, log.latest_offsets())
     newest = before["event_time"].max()

@@ -1,7 +1,7 @@
 """The embedded bucketed log: the default source, with no server to run."""
 
 from backlog_dagster.log.bucket import Bucket, BucketBounds, OffsetOutOfRange
-from backlog_dagster.log.schema import TIMESTAMP, SchemaError, parse_ddl, to_ddl
+from backlog_dagster.log.schema import TIMESTAMP, SchemaError, parse_ddl, to_ddl, type_name
 from backlog_dagster.log.topic import (
     JSON_VALUE_COLUMN,
     BucketInfo,
@@ -25,4 +25,5 @@ __all__ = [
     "create_topic",
     "parse_ddl",
     "to_ddl",
+    "type_name",
 ]

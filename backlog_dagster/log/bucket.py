@@ -25,9 +25,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: Rows per stored blob: large enough that per-blob overhead vanishes in a range read,
 #: small enough that a read starting mid-blob decodes little it throws away.
@@ -65,6 +69,18 @@ class BucketBounds:
     @property
     def records(self) -> int:
         return self.latest - self.earliest
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """A bucket's appends from some moment on, for event time as of arrival."""
+
+    #: The latest record time (µs) among records appended before the moment; None if none.
+    max_time_before_us: int | None
+    #: When the last append before the moment happened; None if none.
+    last_append_before: float | None
+    #: ``(appended at, latest record time among that append's records)``, in time order.
+    appends: list[tuple[float, int]]
 
 
 class Bucket:
@@ -184,6 +200,33 @@ class Bucket:
             (start, end),
         ).fetchall()
 
+    def arrivals(self, since: float) -> Arrivals:
+        """How the bucket's record times grew with its appends, from ``since`` on.
+
+        The lateness of a realtime record is judged against the watermark as it stood
+        when the record was appended (``phases.watermark``): this is what that needs,
+        read from the blob index alone.
+        """
+        before, last = self._db.execute(
+            "SELECT max(max_time_us), max(appended_at) FROM blobs WHERE appended_at < ?",
+            (since,),
+        ).fetchone()
+        appends = self._db.execute(
+            "SELECT appended_at, max(max_time_us) FROM blobs WHERE appended_at >= ? "
+            "GROUP BY appended_at ORDER BY appended_at",
+            (since,),
+        ).fetchall()
+        return Arrivals(before, last, [(float(at), int(high)) for at, high in appends])
+
+    def append_time(self, offset: int) -> float | None:
+        """When the record at ``offset`` was appended; None if the bucket does not hold it."""
+        row = self._db.execute(
+            "SELECT appended_at FROM blobs WHERE first_offset <= ? AND "
+            "first_offset + record_count > ? ORDER BY first_offset DESC LIMIT 1",
+            (offset, offset),
+        ).fetchone()
+        return None if row is None else float(row[0])
+
     def last_append_time(self) -> float | None:
         """When (Unix seconds) the latest record was appended; None if the bucket is empty."""
         row = self._db.execute(
@@ -193,7 +236,7 @@ class Bucket:
 
     # -- writing ---------------------------------------------------------------
 
-    def append(self, records: pa.Table | pa.RecordBatch) -> tuple[int, int]:
+    def append(self, records: Records) -> tuple[int, int]:
         """Append records durably; return the offsets they got, ``[first, next)``.
 
         Returns only after the records are on disk. Either every record of the call is
@@ -248,12 +291,15 @@ class Bucket:
             raise
         return BucketBounds(new_earliest, latest)
 
-    def _conform(self, records: pa.Table | pa.RecordBatch) -> pa.Table:
-        table = pa.Table.from_batches([records]) if isinstance(records, pa.RecordBatch) else records
+    def _conform(self, records: Records) -> pa.Table:
+        table = as_table(records)
         missing = [name for name in self.schema.names if name not in table.column_names]
         if missing:
             raise ValueError(f"bucket {self.id}: records lack the column(s) {', '.join(missing)}")
         table = table.select(self.schema.names)
+        for field in self.schema:
+            if pa.types.is_timestamp(field.type):
+                _check_precision(self.id, field.name, table.column(field.name))
         try:
             table = table.cast(self.schema)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
@@ -277,6 +323,14 @@ class Bucket:
     def read(self, start: int, end: int) -> Iterator[pa.RecordBatch]:
         """Yield the records at offsets ``[start, end)`` as record batches, in order.
 
+        See ``read_arrivals`` for the errors.
+        """
+        for batch, _ in self.read_arrivals(start, end):
+            yield batch
+
+    def read_arrivals(self, start: int, end: int) -> Iterator[tuple[pa.RecordBatch, float]]:
+        """Yield the records at offsets ``[start, end)`` with when they were appended.
+
         Raises ``OffsetOutOfRange`` naming the bucket and offsets when the range is not
         all held: below the earliest offset (retention removed it) or past the latest.
         """
@@ -295,14 +349,14 @@ class Bucket:
         if start == end:
             return
         rows = self._db.execute(
-            "SELECT first_offset, record_count, data FROM blobs "
+            "SELECT first_offset, record_count, appended_at, data FROM blobs "
             "WHERE first_offset >= coalesce("
             "  (SELECT max(first_offset) FROM blobs WHERE first_offset <= :start), 0) "
             "AND first_offset < :end ORDER BY first_offset",
             {"start": start, "end": end},
         )
         expected = start
-        for first_offset, record_count, data in rows:
+        for first_offset, record_count, appended_at, data in rows:
             low = max(start, first_offset)
             high = min(end, first_offset + record_count)
             if low >= high:
@@ -312,12 +366,42 @@ class Bucket:
                     f"bucket {self.id}: offsets [{expected}, {low}) were removed while reading"
                 )
             batch = _decode(data)
-            yield batch.slice(low - first_offset, high - low)
+            yield batch.slice(low - first_offset, high - low), appended_at
             expected = high
         if expected != end:
             raise OffsetOutOfRange(
                 f"bucket {self.id}: offsets [{expected}, {end}) were removed while reading"
             )
+
+
+#: What ``append`` takes: Arrow data, or a pandas DataFrame.
+Records = Union[pa.Table, pa.RecordBatch, "pd.DataFrame"]
+
+
+def as_table(records: Records) -> pa.Table:
+    if isinstance(records, pa.RecordBatch):
+        return pa.Table.from_batches([records])
+    if isinstance(records, pa.Table):
+        return records
+    return pa.Table.from_pandas(records, preserve_index=False)
+
+
+def _check_precision(bucket: int, name: str, column: pa.ChunkedArray) -> None:
+    """Refuse timestamps finer than the log's microseconds, rather than cut them.
+
+    pandas times are nanoseconds: those that are whole microseconds (most data) are
+    kept exactly; a value with nanoseconds in it would change, so it is refused.
+    """
+    if not pa.types.is_timestamp(column.type) or column.type.unit != "ns":
+        return
+    nanos = pc.remainder(column.cast(pa.int64()), 1000)
+    finer = pc.filter(column, pc.not_equal(nanos, 0))
+    if len(finer):
+        raise ValueError(
+            f"bucket {bucket}: column {name!r} has {len(finer):,} timestamp(s) with "
+            f"nanoseconds (e.g. {finer[0]}), and the log keeps microseconds; round them "
+            f"first, e.g. df[{name!r}] = df[{name!r}].dt.floor('us')"
+        )
 
 
 def _decode(data: bytes) -> pa.RecordBatch:

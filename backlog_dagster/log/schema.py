@@ -114,8 +114,11 @@ def to_ddl(schema: pa.Schema) -> str:
 
 
 def _column_ddl(field: pa.Field) -> str:
-    if pa.types.is_decimal(field.type):
-        type_name = f"DECIMAL({field.type.precision}, {field.type.scale})"
-    else:
-        type_name = _SPARK_NAMES[field.type]
-    return f"`{field.name}` {type_name}{'' if field.nullable else ' NOT NULL'}"
+    return f"`{field.name}` {type_name(field.type)}{'' if field.nullable else ' NOT NULL'}"
+
+
+def type_name(arrow_type: pa.DataType) -> str:
+    """Spark's name for a type this module produces (``STRING``, ``DECIMAL(10, 2)``)."""
+    if pa.types.is_decimal(arrow_type):
+        return f"DECIMAL({arrow_type.precision}, {arrow_type.scale})"
+    return _SPARK_NAMES.get(arrow_type, str(arrow_type).upper())

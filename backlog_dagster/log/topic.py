@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from backlog_dagster.log.bucket import Bucket, BucketBounds
+from backlog_dagster.log.bucket import Arrivals, Bucket, BucketBounds, Records
 from backlog_dagster.log.schema import TIMESTAMP, SchemaError
 
 _METADATA_FILE = "topic.sqlite"
@@ -108,7 +108,24 @@ class Topic:
     def read(self, bucket_id: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
         return self.bucket(bucket_id).read(start, end)
 
-    def append(self, bucket_id: int, records: pa.Table | pa.RecordBatch) -> tuple[int, int]:
+    def read_arrivals(
+        self, bucket_id: int, start: int, end: int
+    ) -> Iterator[tuple[pa.RecordBatch, float]]:
+        return self.bucket(bucket_id).read_arrivals(start, end)
+
+    def arrivals(self, bucket_id: int, since: float) -> Arrivals:
+        return self.bucket(bucket_id).arrivals(since)
+
+    def append_time(self, bucket_id: int, offset: int) -> float | None:
+        return self.bucket(bucket_id).append_time(offset)
+
+    def append(self, bucket_id: int, records: Records) -> tuple[int, int]:
+        """Append records (an Arrow table or batch, or a pandas DataFrame) to a bucket.
+
+        They must have the topic's columns (others are ignored) in types that cast to
+        its schema; timestamps finer than microseconds are refused. Returns the offsets
+        they got, ``[first, next)``, once they are on disk.
+        """
         return self.bucket(bucket_id).append(records)
 
     def offset_for_time(self, bucket_id: int, timestamp_us: int) -> int:

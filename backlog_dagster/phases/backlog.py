@@ -42,7 +42,6 @@ from backlog_dagster.phases.transform import (
     observe_buckets,
     partial_results,
     read_schema,
-    source_schema,
 )
 from backlog_dagster.phases.truncation import handle_truncation, removed_unread
 from backlog_dagster.pipeline.config import PipelineConfig
@@ -119,7 +118,7 @@ def _run_backlog(
     )
     started = time.monotonic()
     with Topic(config.source.path) as topic:
-        check_against_source(config, source_schema(config, topic))
+        check_against_source(config, topic)
         generation = current_generation(sink, topic, config, log)
         generation, skipped = _past_removed(sink, topic, config, generation, log)
     report = BacklogReport(generation.number, skipped_records=skipped)

@@ -78,12 +78,24 @@ def take_markers(topic: Topic, config: PipelineConfig) -> dict[int, tuple[int, i
 def current_generation(
     sink: Sink, topic: Topic, config: PipelineConfig, log: Callable[[str], None]
 ) -> Generation:
-    """The pipeline's markers: taken now if it never started, else as stored."""
+    """The pipeline's markers: taken now if it never started (or its definition changed
+    before anything was committed), else as stored."""
     definition = definition_of(config)
     generation = sink.current_generation()
     if generation is None:
         generation = sink.start_generation(take_markers(topic, config), "first start", definition)
         log(f"generation {generation.number}: boundary markers taken: {_describe(generation)}")
+        return generation
+    if generation.definition != definition and sink.is_empty():
+        # Nothing was committed under the old definition (it may never have run):
+        # starting over loses nothing, so no reset is asked for.
+        generation = sink.start_generation(
+            take_markers(topic, config), "definition changed before any result", definition
+        )
+        log(
+            f"generation {generation.number}: the definition changed before any result was "
+            f"committed; new boundary markers taken: {_describe(generation)}"
+        )
         return generation
     if generation.definition != definition:
         raise DefinitionChanged(

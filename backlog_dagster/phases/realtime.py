@@ -14,11 +14,13 @@ The run ends by itself when a newer generation replaces the one it started in (t
 switch went back into backlog, or a reset): a batch it could still try to commit is
 refused by the sink, and the query stops.
 
-Event-time windows: the watermark is the latest event time committed so far minus the
-allowed lateness; at the switch that is the backlog's latest event time minus the
-lateness, so every window the backlog closed stays final. A record whose window ended
-at or before the watermark is not merged: it goes to the sink's late table with its
-bucket, offset, event time and the watermark then.
+Event-time windows: a record whose window ended at or before the watermark as it stood
+when the record was appended (``phases.watermark``: per bucket the latest event time
+less the allowed lateness, the smallest over the active buckets) is late. It is not
+merged: it goes to the sink's late table with its bucket, offset, event time and that
+watermark. Judged by arrival, lateness does not depend on how far behind the run is,
+how micro-batches were cut or when a run crashed: a record is late or not whatever the
+run that reads it.
 """
 
 from __future__ import annotations
@@ -28,13 +30,15 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from backlog_dagster.log import Topic
+import pyarrow as pa
+
+from backlog_dagster.log import TIMESTAMP, Topic
 from backlog_dagster.phases.bad_records import BadRecord, collect, refuse_bad_records
-from backlog_dagster.phases.lag import watermark_lag
+from backlog_dagster.phases.lag import lateness_us, watermark_lag
 from backlog_dagster.phases.lock import exclusive_run
 from backlog_dagster.phases.markers import current_generation
 from backlog_dagster.phases.transform import (
@@ -43,17 +47,16 @@ from backlog_dagster.phases.transform import (
     observe_buckets,
     partial_results,
     read_schema,
-    source_schema,
     window_end,
 )
 from backlog_dagster.phases.truncation import handle_truncation, removed_unread
+from backlog_dagster.phases.watermark import arrival_watermarks
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink.base import GenerationEnded, Sink
-from backlog_dagster.spark.records import BUCKET_COLUMN, OFFSET_COLUMN
+from backlog_dagster.sink.base import Generation, GenerationEnded, Sink
+from backlog_dagster.spark.records import APPENDED_COLUMN, BUCKET_COLUMN, OFFSET_COLUMN
 from backlog_dagster.spark.source import FORMAT
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
@@ -133,8 +136,8 @@ def _run_realtime(
     shuffle_partitions: int | None,
 ) -> RealtimeStatus:
     with Topic(config.source.path) as topic:
-        check_against_source(config, source_schema(config, topic))
-        schema = read_schema(config, topic)
+        check_against_source(config, topic)
+        schema = read_schema(config, topic, arrival=config.transform.window is not None)
         generation = current_generation(sink, topic, config, log)
         generation = handle_truncation(sink, topic, config, generation, log)
     if not generation.finished and config.backlog.boundary == "markers":
@@ -162,7 +165,7 @@ def _run_realtime(
             batch = batch.persist()  # read twice: its late records, then the aggregation
         try:
             observed, seen = observe_buckets(batch, config, sorted(held.buckets))
-            on_time, late = _split_late(observed, config, sink)
+            on_time, late = _split_late(observed, config, held)
             aggregated = collect(partial_results(on_time, config))
             try:
                 refuse_bad_records(config, aggregated.dead_letters)
@@ -288,29 +291,48 @@ def _buckets_read(batch: DataFrame, config: PipelineConfig) -> dict[int, BucketS
 
 
 def _split_late(
-    batch: DataFrame, config: PipelineConfig, sink: Sink
+    batch: DataFrame, config: PipelineConfig, held: Generation
 ) -> tuple[DataFrame, pa.Table | None]:
-    """Records whose window is still open, and (as Arrow) those the watermark closed."""
+    """Records whose window was open when they arrived, and (as Arrow) those it was not.
+
+    ``held`` is the generation as committed before this batch: the batch starts at its
+    progress, so the appends from there on are all it can hold.
+    """
     from pyspark.sql import functions as F
 
     window = config.transform.window
-    latest = sink.max_event_time()
-    if window is None or latest is None:
+    if window is None:
         return batch, None
-    watermark = _parse(latest) - timedelta(seconds=window.allowed_lateness)
+    since = {b: s.reached for b, s in held.buckets.items()}
+    with Topic(config.source.path) as topic:
+        marks = arrival_watermarks(topic, since, lateness_us(config), config.source.idle_timeout)
+    table = pa.table(
+        {
+            ARRIVAL: pa.array(list(marks), pa.int64()).cast(TIMESTAMP),
+            WATERMARK: pa.array(list(marks.values()), pa.int64()).cast(TIMESTAMP),
+        }
+    )
+    at_arrival = batch.sparkSession.createDataFrame(table)
+    joined = batch.join(F.broadcast(at_arrival), F.col(APPENDED_COLUMN) == F.col(ARRIVAL), "left")
     # A record without an event time is not late: it goes on to the dead-letter table.
-    closed = F.coalesce(window_end(config) <= F.lit(watermark), F.lit(False))
+    closed = F.coalesce(window_end(config) <= F.col(WATERMARK), F.lit(False))
     late = (
-        batch.where(closed)
+        joined.where(closed)
         .select(
             F.col(BUCKET_COLUMN).alias("bucket"),
             F.col(OFFSET_COLUMN).alias("offset"),
             F.col(config.source.event_time).alias("event_time"),
-            F.lit(watermark).alias("watermark"),
+            F.col(WATERMARK).alias("watermark"),
         )
         .toArrow()
     )
-    return batch.where(~closed), late
+    return joined.where(~closed).drop(ARRIVAL, WATERMARK), late
+
+
+#: Columns of the small table joined to a batch: each append's moment and the
+#: watermark just before it.
+ARRIVAL = "_arrival"
+WATERMARK = "_arrival_watermark"
 
 
 def _refresh(
@@ -330,7 +352,3 @@ def _refresh(
     if lag.watermark_us is not None:
         status.watermark = datetime.fromtimestamp(lag.watermark_us / 1e6, UTC).isoformat()
         status.watermark_lag_s = lag.seconds
-
-
-def _parse(iso: str) -> datetime:
-    return datetime.fromisoformat(iso.replace("Z", "+00:00"))

@@ -20,6 +20,7 @@ from backlog_dagster.log import Topic
 from backlog_dagster.phases.lag import watermark_lag
 from backlog_dagster.phases.lock import try_exclusive
 from backlog_dagster.phases.policy import decide
+from backlog_dagster.phases.transform import check_against_source, partial_results, read_schema
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink.base import Sink
 from backlog_dagster.spark.source import FORMAT
@@ -29,8 +30,19 @@ if TYPE_CHECKING:
 
 
 def warm_up(spark: SparkSession, config: PipelineConfig) -> None:
-    """One tiny read through the source: Spark's Python workers are started by it."""
-    spark.read.format(FORMAT).option("path", config.source.path).load().limit(1).collect()
+    """Check the pipeline's plan, then one tiny read: it starts Spark's Python workers.
+
+    The plan is analysed as the runs make it, so a mistake only Spark sees (an
+    expression it cannot resolve) fails the standby at once, naming the field, instead
+    of leaving it waiting, and holding a Spark driver, for a backlog that cannot run.
+    """
+    with Topic(config.source.path) as topic:
+        check_against_source(config, topic)
+        schema = read_schema(config, topic)
+    reader = spark.read.format(FORMAT).option("path", config.source.path)
+    records = (reader if schema is None else reader.schema(schema)).load()
+    _ = partial_results(records, config).schema  # Spark analyses the plan here
+    records.limit(1).collect()
 
 
 def await_switch(

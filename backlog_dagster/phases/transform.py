@@ -10,12 +10,19 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from backlog_dagster.log import Payload, Topic
+from backlog_dagster.log import Payload, Topic, to_ddl, type_name
 from backlog_dagster.log.schema import SchemaError, parse_ddl
 from backlog_dagster.phases.bad_records import dead_letter, parse_problem
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.results import WINDOW_END, WINDOW_START, Partial, layout_of
-from backlog_dagster.spark.records import BUCKET_COLUMN, CORRUPT_COLUMN, ERROR_COLUMN, OFFSET_COLUMN
+from backlog_dagster.spark.records import (
+    APPENDED_COLUMN,
+    BUCKET_COLUMN,
+    CORRUPT_COLUMN,
+    ERROR_COLUMN,
+    OFFSET_COLUMN,
+    TIMESTAMP_COLUMN,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -23,12 +30,28 @@ if TYPE_CHECKING:
 _PLAIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+@dataclass(frozen=True)
+class Problem:
+    """A field of the pipeline that does not fit its source."""
+
+    #: The field's path under ``attributes``, dotted: ``transform.keys.0``.
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"attributes.{self.field}: {self.message}"
+
+
 class TransformError(ValueError):
-    """The pipeline names something its source does not have.
+    """The pipeline does not fit its source.
 
     The message starts with the field's path under ``attributes``, so a caller that
     knows the YAML file puts its name in front.
     """
+
+    def __init__(self, *problems: Problem) -> None:
+        super().__init__("\n".join(str(p) for p in problems))
+        self.problems = problems
 
 
 def source_schema(config: PipelineConfig, topic: Topic) -> pa.Schema:
@@ -37,60 +60,133 @@ def source_schema(config: PipelineConfig, topic: Topic) -> pa.Schema:
         try:
             return parse_ddl(config.source.record_schema)
         except SchemaError as error:
-            raise TransformError(f"attributes.source.record_schema: {error}") from error
+            raise TransformError(Problem("source.record_schema", str(error))) from error
     if topic.payload is Payload.JSON:
         raise TransformError(
-            f"attributes.source.record_schema: topic {topic.name} holds JSON text; declare "
-            "the columns to read from it, e.g. 'id BIGINT, amount DOUBLE, ts TIMESTAMP'"
+            Problem(
+                "source.record_schema",
+                f"topic {topic.name} holds JSON text; declare the columns to read from it, "
+                "e.g. 'id BIGINT, amount DOUBLE, ts TIMESTAMP'",
+            )
         )
     return topic.schema
 
 
-def read_schema(config: PipelineConfig, topic: Topic) -> str | None:
-    """The DDL to read a declared schema with: plus the bucket and offset columns, and for
-    a JSON topic the columns that receive records that do not parse (so those reach the
-    dead-letter table, not a stack trace). None: the source's own schema."""
+def read_schema(config: PipelineConfig, topic: Topic, *, arrival: bool = False) -> str | None:
+    """The DDL to read the source with: the declared schema (else, when ``arrival`` asks
+    for each record's append time, the topic's own columns) plus the bucket and offset
+    columns, and for a JSON topic the columns that receive records that do not parse (so
+    those reach the dead-letter table, not a stack trace). None: the source's own schema."""
     declared = config.source.record_schema
-    if declared is None:
+    if declared is None and not arrival:
         return None
+    base = declared if declared is not None else to_ddl(topic.schema)
     needed = {BUCKET_COLUMN: "INT", OFFSET_COLUMN: "BIGINT"}
+    if arrival:
+        needed[APPENDED_COLUMN] = "TIMESTAMP"
     if topic.payload is Payload.JSON:
         needed |= {CORRUPT_COLUMN: "STRING", ERROR_COLUMN: "STRING"}
-    names = parse_ddl(declared).names
-    return ", ".join([declared, *(f"{c} {t}" for c, t in needed.items() if c not in names)])
+    names = parse_ddl(base).names
+    return ", ".join([base, *(f"{c} {t}" for c, t in needed.items() if c not in names)])
 
 
-def check_against_source(config: PipelineConfig, source: pa.Schema) -> None:
-    """Refuse, before any Spark work, a pipeline naming columns its source does not have."""
+def check_against_source(config: PipelineConfig, topic: Topic) -> None:
+    """Refuse, before any Spark work, a pipeline that does not fit its source."""
+    problems = source_problems(config, topic)
+    if problems:
+        raise TransformError(*problems)
+
+
+def source_problems(config: PipelineConfig, topic: Topic) -> list[Problem]:
+    """What in the pipeline does not fit its source's columns: known without Spark, so
+    Dagster refuses it when it loads the file. A windowed pipeline's event time must be
+    the log's record time: lateness is judged by arrival, which the log indexes for that
+    column (``phases.watermark``)."""
+    try:
+        source = source_schema(config, topic)
+    except TransformError as error:
+        return list(error.problems)
+    record_time = topic.timestamp_column
     transform = config.transform
     columns = ", ".join(source.names)
     event_time = config.source.event_time
     needs = " (a window needs it)" if transform.window is not None else ""
+    problems: list[Problem] = []
     if event_time not in source.names:
-        raise TransformError(
-            f"attributes.source.event_time: {event_time!r} is not a column of the source"
-            f"{needs}; its columns: {columns}"
+        problems.append(
+            Problem(
+                "source.event_time",
+                f"{event_time!r} is not a column of the source{needs}; its columns: {columns}",
+            )
         )
-    if not pa.types.is_timestamp(source.field(event_time).type):
-        raise TransformError(
-            f"attributes.source.event_time: {event_time!r} is {source.field(event_time).type}, "
-            f"not a TIMESTAMP{needs}; name a TIMESTAMP column or derive one under "
-            "transform.columns"
+    elif not pa.types.is_timestamp(source.field(event_time).type):
+        problems.append(
+            Problem(
+                "source.event_time",
+                f"{event_time!r} is {type_name(source.field(event_time).type)}, not a "
+                f"TIMESTAMP{needs}; name a TIMESTAMP column or derive one under "
+                "transform.columns",
+            )
+        )
+    elif transform.window is not None and event_time not in (record_time, TIMESTAMP_COLUMN):
+        problems.append(
+            Problem(
+                "source.event_time",
+                f"a windowed pipeline's event time must be the log's record time, "
+                f"{record_time!r} (or {TIMESTAMP_COLUMN}), not {event_time!r}: a realtime "
+                "record is late when its window had closed by the time it was appended, "
+                "and the log indexes its appends by record time",
+            )
         )
     known = set(source.names) | set(transform.columns)
     for index, key in enumerate(transform.keys):
         if key not in known:
-            raise TransformError(
-                f"attributes.transform.keys.{index}: {key!r} is not a column of the source "
-                f"nor one of transform.columns; the source's columns: {columns}"
+            problems.append(
+                Problem(
+                    f"transform.keys.{index}",
+                    f"{key!r} is not a column of the source nor one of transform.columns; "
+                    f"the source's columns: {columns}",
+                )
             )
     for index, aggregation in enumerate(transform.aggregations):
         column = aggregation.column
-        if column is not None and _PLAIN_NAME.match(column) and column not in known:
-            raise TransformError(
-                f"attributes.transform.aggregations.{index}.column: {column!r} is not a column "
-                f"of the source nor one of transform.columns; the source's columns: {columns}"
+        if column is None or not _PLAIN_NAME.match(column) or column in transform.columns:
+            continue  # an expression or a derived column: Spark checks it (partial_results)
+        where = f"transform.aggregations.{index}.column"
+        if column not in source.names:
+            problems.append(
+                Problem(
+                    where,
+                    f"{column!r} is not a column of the source nor one of transform.columns; "
+                    f"the source's columns: {columns}",
+                )
             )
+        elif aggregation.function in NUMERIC_INPUT and not _is_numeric(source.field(column).type):
+            problems.append(
+                Problem(where, _not_numeric(aggregation.function, column, source.field(column)))
+            )
+    return problems
+
+
+#: Aggregate functions whose input must be a number (min and max take any ordered type).
+NUMERIC_INPUT = frozenset({"sum", "avg"})
+
+
+def _is_numeric(arrow_type: pa.DataType) -> bool:
+    return (
+        pa.types.is_integer(arrow_type)
+        or pa.types.is_floating(arrow_type)
+        or pa.types.is_decimal(arrow_type)
+    )
+
+
+def _not_numeric(function: str, column: str, field: pa.Field | str) -> str:
+    kind = type_name(field.type) if isinstance(field, pa.Field) else field
+    return (
+        f"{function} needs a numeric input, and {column!r} is {kind}; if it holds numbers, "
+        f"derive one under transform.columns, e.g. {{{column}_number: CAST({column} AS "
+        "DOUBLE)}"
+    )
 
 
 @contextmanager
@@ -102,9 +198,7 @@ def _naming(field: str, expression: str) -> Iterator[None]:
         yield
     except AnalysisException as error:
         reason = str(error).strip().splitlines()[0]
-        raise TransformError(
-            f"attributes.{field}: Spark cannot use {expression!r}: {reason}"
-        ) from None
+        raise TransformError(Problem(field, f"Spark cannot use {expression!r}: {reason}")) from None
 
 
 def partial_results(records: DataFrame, config: PipelineConfig) -> DataFrame:
@@ -114,6 +208,7 @@ def partial_results(records: DataFrame, config: PipelineConfig) -> DataFrame:
     never drops a record that did not parse.
     """
     from pyspark.sql import functions as F
+    from pyspark.sql.types import NumericType
 
     transform = config.transform
     parsed = parse_problem(records)
@@ -132,9 +227,15 @@ def partial_results(records: DataFrame, config: PipelineConfig) -> DataFrame:
     group.append(dead_letter(records, config, parsed))
     for index, aggregation in enumerate(transform.aggregations):
         if aggregation.column is not None:
-            with _naming(f"transform.aggregations.{index}.column", aggregation.column):
-                records.select(F.expr(aggregation.column))
-    aggregates = [_partial(p) for p in layout_of(transform, config.source.event_time).partials]
+            field = f"transform.aggregations.{index}.column"
+            with _naming(field, aggregation.column):
+                kind = records.select(F.expr(aggregation.column)).schema[0].dataType
+            if aggregation.function in NUMERIC_INPUT and not isinstance(kind, NumericType):
+                message = _not_numeric(
+                    aggregation.function, aggregation.column, kind.simpleString().upper()
+                )
+                raise TransformError(Problem(field, message))
+    aggregates = [_partial(p) for p in layout_of(transform).partials]
     return records.groupBy(*group).agg(*aggregates)
 
 

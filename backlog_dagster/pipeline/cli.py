@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +15,7 @@ from backlog_dagster.components.pipeline import (
     data_root,
     open_sink,
     pipeline_spark,
+    user_error_types,
     with_paths_under,
 )
 from backlog_dagster.log import Topic
@@ -36,6 +39,15 @@ def pipeline_of(path: Path) -> PipelineConfig:
     return with_paths_under(config, data_root(project_root_of(path)))
 
 
+@contextmanager
+def naming_the_file(path: Path) -> Iterator[None]:
+    """A mistake the user can fix exits non-zero with its message, naming the file."""
+    try:
+        yield
+    except user_error_types() as error:
+        raise click.ClickException(f"{path}: {error}") from None
+
+
 @click.group("pipeline")
 def pipeline_group() -> None:
     """Declared pipelines (a defs.yaml of type backlog_dagster.BacklogPipeline)."""
@@ -54,7 +66,11 @@ def backlog(defs_yaml: Path, checkpoint_interval: float | None) -> None:
     from backlog_dagster.phases.backlog import run_backlog
 
     config = pipeline_of(defs_yaml)
-    with pipeline_spark(config, "backlog") as spark, open_sink(config) as sink:
+    with (
+        naming_the_file(defs_yaml),
+        pipeline_spark(config, "backlog") as spark,
+        open_sink(config) as sink,
+    ):
         _quiet(spark)
         report = run_backlog(
             spark, config, sink, checkpoint_interval=checkpoint_interval, log=console.print
@@ -75,7 +91,7 @@ def status(defs_yaml: Path) -> None:
     from backlog_dagster.phases.lag import watermark_lag
 
     config = pipeline_of(defs_yaml)
-    with open_sink(config) as sink:
+    with naming_the_file(defs_yaml), open_sink(config) as sink:
         generation = sink.current_generation()
         history = sink.phase_history()
         bad, skipped, dead_letters = (
@@ -138,7 +154,7 @@ def reset(defs_yaml: Path, reason: str) -> None:
     from backlog_dagster.phases.markers import reset as reset_markers
 
     config = pipeline_of(defs_yaml)
-    with open_sink(config) as sink, Topic(config.source.path) as topic:
+    with naming_the_file(defs_yaml), open_sink(config) as sink, Topic(config.source.path) as topic:
         reset_markers(sink, topic, config, reason, console.print)
 
 
@@ -169,6 +185,7 @@ def realtime(defs_yaml: Path, seconds: float | None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
     with (
+        naming_the_file(defs_yaml),
         pipeline_spark(config, "realtime") as spark,
         open_sink(config) as sink,
         open_sink(config) as status_sink,

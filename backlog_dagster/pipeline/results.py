@@ -19,9 +19,6 @@ Merge = Literal["add", "min", "max"]
 
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
-#: Windowed pipelines keep, per window, the latest event time seen: the sink derives
-#: the pipeline's event-time high-water mark (and so its watermark) from it.
-MAX_EVENT_TIME = "_max_event_time"
 
 
 @dataclass(frozen=True)
@@ -47,6 +44,12 @@ class ResultLayout:
     keys: tuple[str, ...]
     partials: tuple[Partial, ...]
     derived: tuple[Derived, ...]
+    #: The declared aggregations' names, in the order declared.
+    outputs: tuple[str, ...]
+
+    @property
+    def windowed(self) -> bool:
+        return WINDOW_START in self.keys
 
     @property
     def stored_columns(self) -> tuple[str, ...]:
@@ -54,25 +57,23 @@ class ResultLayout:
 
     @property
     def visible_columns(self) -> tuple[str, ...]:
-        hidden = {p.name for p in self.partials if p.name.startswith("_")}
-        stored = [c for c in self.stored_columns if c not in hidden]
-        return (*stored, *(d.name for d in self.derived))
+        """What a user reads: the keys (and window bounds), then each aggregation."""
+        return (*self.keys, *self.outputs)
 
 
 _MERGE: dict[str, Merge] = {"count": "add", "sum": "add", "min": "min", "max": "max"}
 
 
-def layout_of(transform: TransformConfig, event_time: str) -> ResultLayout:
+def layout_of(transform: TransformConfig) -> ResultLayout:
     keys = tuple(transform.keys) + ((WINDOW_START, WINDOW_END) if transform.window else ())
     partials: list[Partial] = []
-    if transform.window:
-        partials.append(Partial(MAX_EVENT_TIME, "max", event_time, "max"))
     derived: list[Derived] = []
     for aggregation in transform.aggregations:
         partials_of, derived_of = _split(aggregation)
         partials += partials_of
         derived += derived_of
-    return ResultLayout(keys, tuple(partials), tuple(derived))
+    outputs = tuple(a.name for a in transform.aggregations)
+    return ResultLayout(keys, tuple(partials), tuple(derived), outputs)
 
 
 def _split(aggregation: Aggregation) -> tuple[list[Partial], list[Derived]]:

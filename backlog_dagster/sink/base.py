@@ -136,8 +136,8 @@ class Sink(Protocol):
     def phase_history(self) -> list[PhaseChange]:
         """Every phase change of the pipeline, oldest first."""
 
-    def max_event_time(self) -> str | None:
-        """Latest event time committed so far (ISO text), for windowed pipelines."""
+    def is_empty(self) -> bool:
+        """No result, dead letter or late record is held: starting over loses nothing."""
 
     def read_results(self) -> pa.Table:
         """The results as they stand, with the visible columns."""

@@ -29,7 +29,7 @@ from typing import Self
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from backlog_dagster.pipeline.results import MAX_EVENT_TIME, ResultLayout
+from backlog_dagster.pipeline.results import WINDOW_END, WINDOW_START, ResultLayout
 from backlog_dagster.sink.base import (
     DEAD_LETTER_COLUMNS,
     BucketState,
@@ -302,6 +302,8 @@ class SqliteSink(PipelineState):
         self.layout = layout
         with self._transaction():
             self._db.execute(self._results_ddl())
+            self._db.execute(f"DROP VIEW IF EXISTS {_quote(self.view)}")
+            self._db.execute(self._view_ddl())
             self._db.execute(
                 f"CREATE TABLE IF NOT EXISTS {_quote(self.dead_letter_table)} (bucket INTEGER, "
                 '"offset" INTEGER, payload TEXT, reason TEXT, PRIMARY KEY (bucket, "offset"))'
@@ -315,7 +317,12 @@ class SqliteSink(PipelineState):
 
     @property
     def windowed(self) -> bool:
-        return any(p.name == MAX_EVENT_TIME for p in self.layout.partials)
+        return self.layout.windowed
+
+    @property
+    def view(self) -> str:
+        """The results as users read them: keys, window bounds, aggregations; no internals."""
+        return f"{self.table}_view"
 
     @property
     def late_table(self) -> str:
@@ -414,14 +421,11 @@ class SqliteSink(PipelineState):
             )
         return True
 
-    def max_event_time(self) -> str | None:
-        """The latest event time in the results (ISO text), for windowed pipelines."""
-        if not self.windowed:
-            return None
-        (latest,) = self._db.execute(
-            f"SELECT max({_quote(MAX_EVENT_TIME)}) FROM {_quote(self.table)}"
-        ).fetchone()
-        return latest
+    def is_empty(self) -> bool:
+        tables = [self.table, self.dead_letter_table] + ([self.late_table] if self.windowed else [])
+        return not any(
+            self._db.execute(f"SELECT 1 FROM {_quote(t)} LIMIT 1").fetchone() for t in tables
+        )
 
     def dead_letter_count(self) -> int:
         (count,) = self._db.execute(
@@ -473,6 +477,18 @@ class SqliteSink(PipelineState):
         return (
             f"CREATE TABLE IF NOT EXISTS {_quote(self.table)} "
             f"({', '.join(columns)}, PRIMARY KEY ({keys}))"
+        )
+
+    def _view_ddl(self) -> str:
+        columns = [
+            f"datetime({_quote(c)}) AS {_quote(c)}"
+            if c in (WINDOW_START, WINDOW_END)
+            else _quote(c)
+            for c in self.layout.visible_columns
+        ]
+        return (
+            f"CREATE VIEW {_quote(self.view)} AS SELECT {', '.join(columns)} "
+            f"FROM {_quote(self.table)}"
         )
 
 

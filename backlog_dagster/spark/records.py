@@ -17,18 +17,28 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.json as pa_json
 
-from backlog_dagster.log import JSON_VALUE_COLUMN, Payload, Topic
+from backlog_dagster.log import JSON_VALUE_COLUMN, TIMESTAMP, Payload, Topic
 
 BUCKET_COLUMN = "_bucket"
 OFFSET_COLUMN = "_offset"
 TIMESTAMP_COLUMN = "_timestamp"
+#: When the record was appended to the log (a TIMESTAMP): its arrival, which decides
+#: whether a realtime record is late (``phases.watermark``).
+APPENDED_COLUMN = "_appended_at"
 #: JSON payloads only: the raw text of a record that did not parse against the
 #: declared schema (null for good records), as in Spark's own JSON reader.
 CORRUPT_COLUMN = "_corrupt_record"
 #: JSON payloads only: why that record did not parse.
 ERROR_COLUMN = "_error"
 
-METADATA_COLUMNS = (BUCKET_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN, CORRUPT_COLUMN, ERROR_COLUMN)
+METADATA_COLUMNS = (
+    BUCKET_COLUMN,
+    OFFSET_COLUMN,
+    TIMESTAMP_COLUMN,
+    APPENDED_COLUMN,
+    CORRUPT_COLUMN,
+    ERROR_COLUMN,
+)
 
 
 class MalformedRecord(ValueError):
@@ -82,13 +92,17 @@ def read_range(
     """Yield records ``[start, end)`` of one bucket in the layout's output schema."""
     with Topic(topic_path) as topic:
         offset = start
-        for stored in topic.read(bucket, start, end):
-            yield shape(stored, bucket, offset, layout)
+        for stored, appended_at in topic.read_arrivals(bucket, start, end):
+            yield shape(stored, bucket, offset, layout, appended_at)
             offset += stored.num_rows
 
 
 def shape(
-    stored: pa.RecordBatch, bucket: int, first_offset: int, layout: RecordLayout
+    stored: pa.RecordBatch,
+    bucket: int,
+    first_offset: int,
+    layout: RecordLayout,
+    appended_at: float,
 ) -> pa.RecordBatch:
     rows = stored.num_rows
     if layout.payload is Payload.JSON:
@@ -106,6 +120,9 @@ def shape(
         BUCKET_COLUMN: lambda: pa.array([bucket] * rows, pa.int32()),
         OFFSET_COLUMN: lambda: pa.arange(first_offset, first_offset + rows),
         TIMESTAMP_COLUMN: lambda: stored.column(layout.timestamp_column),
+        APPENDED_COLUMN: lambda: pa.array([round(appended_at * 1_000_000)] * rows, pa.int64()).cast(
+            TIMESTAMP
+        ),
         CORRUPT_COLUMN: lambda: corrupt,
         ERROR_COLUMN: lambda: errors,
     }

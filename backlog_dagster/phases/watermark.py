@@ -1,0 +1,120 @@
+"""The watermark: one definition, used at two moments.
+
+Each bucket's watermark is the latest event time read from it, less the window's
+allowed lateness; the pipeline's watermark is the smallest over its *active* buckets,
+as a Flink source's is over its splits. A bucket is idle when it has nothing left to
+read and received nothing for ``source.idle_timeout``: idle buckets do not hold the
+watermark back, and when every bucket is idle there is none (the source is idle).
+
+``combine`` is that definition. It is applied at two moments:
+
+- *now, at the committed progress* (``phases.lag``): how far the pipeline trails the
+  clock, which the switch decides on and the realtime run reports;
+- *as each record arrived* (``arrival_watermarks``): whether a realtime record is late.
+  A record is late when its window closed under the watermark as it stood the moment
+  the record was appended to the log, with every bucket read up to that moment: the
+  watermark a pipeline keeping up would have committed. So lateness depends on the log
+  alone, not on how far behind realtime runs, where micro-batches were cut, or when a
+  run crashed and restarted: the same input gives the same late records. (Judged at
+  the committed progress instead, a bucket holding most records falls behind the
+  others under a shared read limit, and its on-time records would be declared late.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from backlog_dagster.log import Topic
+
+
+@dataclass(frozen=True)
+class BucketClock:
+    """What one bucket says of event time at a moment."""
+
+    #: The latest event time (µs) read from the bucket up to the moment; None if none.
+    event_time_us: int | None
+    #: When the bucket last received a record, up to the moment; None if never.
+    last_append: float | None
+    #: The bucket holds records not read at the moment.
+    unread: bool = False
+    #: With nothing read yet but records unread: the next record's time, standing in.
+    next_time_us: int | None = None
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """The pipeline's watermark at a moment, and which buckets it was taken over."""
+
+    #: µs since the epoch; None when no active bucket has one.
+    watermark_us: int | None
+    idle_buckets: tuple[int, ...]
+    active_buckets: tuple[int, ...]
+
+
+def combine(
+    clocks: Mapping[int, BucketClock], lateness_us: int, idle_timeout_s: float, now: float
+) -> Watermark:
+    """The pipeline's watermark at Unix time ``now`` from each bucket's clock then."""
+    idle: list[int] = []
+    active: list[int] = []
+    marks: list[int] = []
+    for bucket, clock in sorted(clocks.items()):
+        quiet = clock.last_append is None or now - clock.last_append >= idle_timeout_s
+        if not clock.unread and quiet:
+            idle.append(bucket)
+            continue
+        active.append(bucket)
+        latest = clock.event_time_us if clock.event_time_us is not None else clock.next_time_us
+        if latest is not None:
+            marks.append(latest - lateness_us)
+    return Watermark(min(marks) if marks else None, tuple(idle), tuple(active))
+
+
+def arrival_watermarks(
+    topic: Topic,
+    since: Mapping[int, int],
+    lateness_us: int,
+    idle_timeout_s: float,
+) -> dict[int, int | None]:
+    """``{append time (µs): watermark (µs) just before that append}`` for every append
+    to the topic's buckets at or after the records at offsets ``since`` (the first
+    unread record of each bucket).
+
+    The event time is the log's record time, which the log indexes per append. The
+    watermark at an append counts, per bucket, the records appended strictly before it,
+    and a bucket is active when it received something within the idle timeout up to
+    and including that moment (so the appending bucket is).
+    """
+    starts = [topic.append_time(b, offset) for b, offset in since.items()]
+    known = [t for t in starts if t is not None]
+    if not known:
+        return {}
+    first = min(known)
+    # Far enough back to see which buckets were active at the first append.
+    history = {b: topic.arrivals(b, first - idle_timeout_s) for b in topic.buckets()}
+    latest = {b: h.max_time_before_us for b, h in history.items()}
+    last = {b: h.last_append_before for b, h in history.items()}
+    watermarks: dict[int, int | None] = {}
+    for moment, appends in _by_moment((b, h.appends) for b, h in history.items()):
+        for bucket, _ in appends:
+            last[bucket] = moment
+        if moment >= first:
+            clocks = {b: BucketClock(latest[b], last[b]) for b in history}
+            mark = combine(clocks, lateness_us, idle_timeout_s, moment).watermark_us
+            watermarks[round(moment * 1_000_000)] = mark
+        for bucket, high in appends:
+            if latest[bucket] is None or high > latest[bucket]:  # type: ignore[operator]
+                latest[bucket] = high
+    return watermarks
+
+
+def _by_moment(
+    appends: Iterable[tuple[int, list[tuple[float, int]]]],
+) -> list[tuple[float, list[tuple[int, int]]]]:
+    """Every bucket's appends merged into time order: ``[(moment, [(bucket, high)])]``."""
+    moments: dict[float, list[tuple[int, int]]] = {}
+    for bucket, items in appends:
+        for moment, high in items:
+            moments.setdefault(moment, []).append((bucket, high))
+    return sorted(moments.items())
