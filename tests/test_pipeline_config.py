@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from backlog_dagster.cli import main
 from backlog_dagster.pipeline.load import PipelineFileError, load_pipeline
+from tests.conftest import MakeTopic
 
 GOOD = {
     "name": "t",
@@ -236,3 +237,63 @@ def test_durations_take_units(tmp_path: Path) -> None:
     config = load_pipeline(defs)
     assert config.backlog.checkpoint_interval == 0.5
     assert config.transform.window is not None and config.transform.window.size == 60
+
+
+MISFIT_YAML = """\
+type: backlog_dagster.BacklogPipeline
+attributes:
+  name: t
+  source: {path: orders, event_time: event_time}
+  transform:
+    keys: [customer]
+    aggregations:
+      - {name: total, function: sum, column: region}
+  sink: {path: s.db, table: t}
+"""
+
+
+def test_a_pipeline_that_does_not_fit_its_topic_is_refused_when_dagster_loads_it(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """The topic declares its columns: no Spark is needed to see a wrong key or a sum over
+    text, so `dagster definitions validate` names the file, line and field."""
+    data = tmp_path / "data"
+    make_topic(records=10, buckets=1, name="data/orders")
+    defs = make_project(tmp_path / "project", MISFIT_YAML)
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("dagster")),
+            "definitions",
+            "validate",
+            "-m",
+            "badproj.definitions",
+            "-d",
+            str(tmp_path / "project"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DAGSTER_HOME": "", "BACKLOG_DAGSTER_DATA": str(data)},
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert f"attributes.transform.keys.0 at {defs}:6" in output, output[-4000:]
+    assert "'customer' is not a column of the source nor one of transform.columns" in output
+    assert f"attributes.transform.aggregations.0.column at {defs}:8" in output
+    assert "sum needs a numeric input, and 'region' is STRING" in output
+
+
+def test_the_cli_names_the_file_of_a_run_time_mistake_and_exits_non_zero(
+    make_topic: MakeTopic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_topic(records=10, buckets=1, name="orders")
+    defs = tmp_path / "defs.yaml"
+    defs.write_text(MISFIT_YAML)
+    monkeypatch.setenv("BACKLOG_DAGSTER_DATA", str(tmp_path))
+    result = CliRunner().invoke(main, ["pipeline", "backlog", str(defs)])
+    assert result.exit_code == 1
+    assert result.output.startswith(
+        f"Error: {defs}: attributes.transform.keys.0: 'customer' is not a column of the "
+        "source nor one of transform.columns"
+    ), result.output
+    assert "Traceback" not in result.output

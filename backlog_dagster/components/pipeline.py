@@ -65,7 +65,7 @@ def open_sink(config: PipelineConfig) -> SqliteSink:
         config.sink.path,
         config.sink.table,
         config.name,
-        layout_of(config.transform, config.source.event_time),
+        layout_of(config.transform),
     )
 
 
@@ -92,10 +92,57 @@ class BacklogPipeline(dg.Component):
             raise ValueError(f"{context.path}: a BacklogPipeline needs attributes")
         folder = Path(context.path)
         defs_file = folder / "defs.yaml" if folder.is_dir() else folder
-        return cls(with_paths_under(attributes, data_root(Path(context.project_root))), defs_file)
+        config = with_paths_under(attributes, data_root(Path(context.project_root)))
+        refuse_misfit(config, context)
+        return cls(config, defs_file)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         return pipeline_definitions(self.config, self.defs_file)
+
+
+def refuse_misfit(config: PipelineConfig, context: dg.ComponentLoadContext) -> None:
+    """Refuse, while Dagster loads the file, a pipeline that does not fit its source.
+
+    The source's columns are known without Spark (the topic declares them, or
+    ``record_schema`` does), so a key, an aggregation column or an event time the source
+    lacks, or a sum over text, is reported like a YAML mistake: with the file, line and
+    field. A topic that does not exist yet is checked when a run starts.
+    """
+    from pydantic import ValidationError
+    from pydantic_core import InitErrorDetails
+
+    from backlog_dagster.log import Topic, TopicError
+    from backlog_dagster.phases.transform import source_problems
+
+    try:
+        with Topic(config.source.path) as topic:
+            problems = source_problems(config, topic)
+    except TopicError:
+        return
+    if not problems:
+        return
+    error = ValidationError.from_exception_data(
+        "BacklogPipeline",
+        [
+            InitErrorDetails(
+                type="value_error",
+                ctx={"error": p.message},
+                loc=tuple(int(part) if part.isdigit() else part for part in p.field.split(".")),
+                input=config.source.path,
+            )
+            for p in problems
+        ],
+    )
+    tree = context.resolution_context.source_position_tree
+    attributes = None if tree is None else tree.children.get("attributes")
+    if attributes is None:
+        raise error
+    # Dagster's own helper, as it applies to the attributes' validation: each error then
+    # names the file and line of its field.
+    from dagster._utils.pydantic_yaml import enrich_validation_errors_with_source_position
+
+    with enrich_validation_errors_with_source_position(attributes, ["attributes"]):
+        raise error
 
 
 def pipeline_definitions(config: PipelineConfig, defs_file: Path | None = None) -> dg.Definitions:
@@ -145,28 +192,38 @@ def pipeline_spark(pipeline: PipelineConfig, phase: str) -> Iterator["SparkSessi
         yield get_session(master, app_name=f"{phase}-{pipeline.name}")
 
 
-@contextmanager
-def user_errors(defs_file: Path | None) -> Iterator[None]:
-    """A mistake the user can fix (config against the source, bad record, truncated log,
-    unreachable sink, state of another definition) fails the run with a message naming
-    the file, not with a stack trace to dig through."""
+def user_error_types() -> tuple[type[Exception], ...]:
+    """Mistakes the user can fix (config against the source, bad record, truncated log,
+    missing topic, unreachable sink, unset setting, state of another definition, a run
+    already going): reported as a message
+    naming the file, not a stack trace to dig through."""
+    from backlog_dagster.log import TopicError
     from backlog_dagster.phases.bad_records import BadRecord
+    from backlog_dagster.phases.lock import PhaseAlreadyRunning
     from backlog_dagster.phases.markers import DefinitionChanged
     from backlog_dagster.phases.transform import TransformError
     from backlog_dagster.phases.truncation import LogTruncated
     from backlog_dagster.pipeline.secrets import SettingUnset
     from backlog_dagster.sink.base import SinkUnreachable
 
-    try:
-        yield
-    except (
+    return (
         BadRecord,
         DefinitionChanged,
         LogTruncated,
+        PhaseAlreadyRunning,
         SettingUnset,
         SinkUnreachable,
+        TopicError,
         TransformError,
-    ) as error:
+    )
+
+
+@contextmanager
+def user_errors(defs_file: Path | None) -> Iterator[None]:
+    """A user's mistake fails the run with a message naming the file (``user_error_types``)."""
+    try:
+        yield
+    except user_error_types() as error:
         where = f"{defs_file}: " if defs_file is not None else ""
         raise dg.Failure(description=f"{where}{error}", allow_retries=False) from None
 
