@@ -75,3 +75,58 @@ def test_a_run_refused_by_hand_hides_no_active_run_and_only_own_failures_wait(
             f"the backlog run {failing.run_id} failed soon after it started; retrying 30 s "
             "after it ended"
         )
+
+
+def test_a_definition_that_does_not_fit_its_source_takes_no_markers(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    make_topic(records=1_000, buckets=2)
+    config = pipeline(tmp_path, {**CUSTOMER_TOTALS, "keys": ["customer"]})
+    defs = pipeline_definitions(config)
+    sensor = defs.resolve_sensor_def("customer_totals_switch")
+    with dg.instance_for_test() as instance:
+        result = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
+    assert result.run_requests == []
+    assert result.skip_reason.skip_message.startswith(
+        "no markers taken: attributes.transform.keys.0: 'customer' is not a column of the source"
+    )
+    with open_sink(config) as sink:
+        assert sink.current_generation() is None
+
+
+def test_a_standby_whose_backlog_keeps_failing_is_ended_and_not_paused(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    make_topic(records=1_000, buckets=2)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    defs = pipeline_definitions(config)
+    sensor = defs.resolve_sensor_def("customer_totals_switch")
+    with dg.instance_for_test() as instance:
+        first = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
+        assert sorted(r.job_name for r in first.run_requests) == [
+            JOB,
+            "customer_totals_realtime_job",
+        ]
+        standby = dg.DagsterRun(
+            job_name="customer_totals_realtime_job",
+            run_id=str(uuid.uuid4()),
+            status=dg.DagsterRunStatus.STARTED,
+            tags={"backlog_dagster/standby": "true", "backlog_dagster/generation": "1"},
+        )
+        instance.add_run(standby)
+        with open_sink(config) as sink:
+            sink.beat(standby.run_id)  # alive: the sensor would mark a silent run failed
+        own = {"dagster/failure_reason": "STEP_FAILURE", "backlog_dagster/generation": "1"}
+        add_run(instance, dg.DagsterRunStatus.FAILURE, **own)
+        sensor(dg.build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs))
+        still = instance.get_run_by_id(standby.run_id)
+        assert still is not None and still.status == dg.DagsterRunStatus.STARTED  # once: waits
+
+        add_run(instance, dg.DagsterRunStatus.FAILURE, **own)
+        sensor(dg.build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs))
+        ended = instance.get_run_by_id(standby.run_id)
+        assert ended is not None
+        # No code server here to deliver the cancel: the run is left CANCELING, tagged as
+        # ended by the sensor (so the realtime phase is not paused as by a user's cancel).
+        assert ended.status == dg.DagsterRunStatus.CANCELING
+        assert ended.tags["backlog_dagster/ended_by_sensor"] == "backlog failing"

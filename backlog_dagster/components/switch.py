@@ -132,7 +132,11 @@ def switch_sensor(
                         f"process is gone; the switch sensor restarts the {phase} phase",
                     )
                     last[phase] = context.instance.get_run_by_id(run.run_id)
-            generation = _markers(context, config, sink)
+            generation, misfit = _markers(context, config, sink)
+            if misfit:
+                return dg.SensorResult(
+                    cursor=json.dumps(cursor), skip_reason=f"no markers taken: {misfit}"
+                )
             if generation is not None:
                 cursor = _for_generation(cursor, generation.number)
                 events += _finish_events(generation, cursor, asset_of["backlog"])
@@ -143,6 +147,7 @@ def switch_sensor(
                 events += _phase_events(history, cursor, asset_of, config, now)
             phase = sink.phase()
             number = 0 if generation is None else generation.number
+        _end_standby_of_failing_backlog(context, config, number, last)
         request, skip = _run_request(
             context,
             config,
@@ -171,22 +176,28 @@ def switch_sensor(
 
 def _markers(
     context: dg.SensorEvaluationContext, config: PipelineConfig, sink: SqliteSink
-) -> Generation | None:
+) -> tuple[Generation | None, str]:
     """The current generation; on the pipeline's first tick, its markers are taken here.
 
     Taking them in the tick (the log's end offsets: no Spark) rather than in the backlog
     run lets the standby realtime run start beside the backlog run, not a Spark start
-    later. A topic that is not there yet is left to the backlog run to report.
+    later. A definition that does not fit its source takes none (the second value says
+    why); a topic that is not there yet is left to the backlog run to report.
     """
+    from backlog_dagster.phases.transform import source_problems
+
     generation = sink.current_generation()
     if generation is not None:
-        return generation
+        return generation, ""
     try:
         with Topic(config.source.path) as topic:
-            return current_generation(sink, topic, config, context.log.info)
+            problems = source_problems(config, topic)
+            if problems:
+                return None, "; ".join(str(p) for p in problems)
+            return current_generation(sink, topic, config, context.log.info), ""
     except (TopicError, OSError, ValueError) as error:
         context.log.warning(f"{config.name}: no markers yet: {error}")
-        return None
+        return None, ""
 
 
 def _last_run(context: dg.SensorEvaluationContext, job: str) -> dg.DagsterRun | None:
@@ -444,6 +455,47 @@ def _standby_request(
     )
 
 
+#: A standby is ended when this many backlog runs of its generation failed by their own
+#: code: it would otherwise hold a Spark driver for a backlog that cannot finish.
+STANDBY_GIVES_UP_AFTER = 2
+#: The tag on a run the sensor ended (not a user's cancel: the phase is not paused).
+ENDED_BY_SENSOR = "backlog_dagster/ended_by_sensor"
+
+
+def _end_standby_of_failing_backlog(
+    context: dg.SensorEvaluationContext,
+    config: PipelineConfig,
+    number: int,
+    last: dict[str, dg.DagsterRun | None],
+) -> None:
+    """Cancel a waiting standby whose generation's backlog keeps failing."""
+    standby = last["realtime"]
+    if standby is None or standby.status not in ACTIVE or not _standby_of(standby, number):
+        return
+    runs = context.instance.get_runs(
+        filters=dg.RunsFilter(
+            job_name=f"{config.name}_backlog_job",
+            tags={"backlog_dagster/generation": str(number)},
+        ),
+        limit=STANDBY_GIVES_UP_AFTER,
+    )
+    failed = [
+        r
+        for r in runs
+        if r.status == dg.DagsterRunStatus.FAILURE
+        and r.tags.get("dagster/failure_reason") in OWN_FAILURES
+    ]
+    if len(failed) < STANDBY_GIVES_UP_AFTER:
+        return
+    context.log.warning(
+        f"{config.name}: ending the standby realtime run {standby.run_id}: the last "
+        f"{len(failed)} backlog runs of generation {number} failed (one standby per "
+        "generation: the switch is then made by this sensor)"
+    )
+    context.instance.add_run_tags(standby.run_id, {ENDED_BY_SENSOR: "backlog failing"})
+    context.instance.run_coordinator.cancel_run(standby.run_id)
+
+
 def _standby_of(run: dg.DagsterRun, number: int) -> bool:
     """A standby realtime run for generation ``number`` (it waits; nobody waits for it)."""
     return run.tags.get("backlog_dagster/standby") == "true" and run.tags.get(
@@ -480,6 +532,7 @@ def _cancelled_by_user(context: dg.SensorEvaluationContext, run: dg.DagsterRun |
     return (
         run is not None
         and run.status == dg.DagsterRunStatus.CANCELED
+        and ENDED_BY_SENSOR not in run.tags
         and not _restarted_since(context, run)
     )
 
