@@ -195,6 +195,53 @@ def produce(
             console.print(f"live: appended {produced:,} records")
 
 
+@log_group.command("append")
+@topic_path
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--format",
+    "file_format",
+    type=click.Choice(["parquet", "csv", "jsonl"]),
+    default=None,
+    help="The file's format; default: from its extension (.parquet, .csv, .jsonl/.json).",
+)
+@click.option("--bucket", type=click.IntRange(min=0), default=None, help="Append to this bucket.")
+@click.option(
+    "--key",
+    default=None,
+    help="Spread records over the buckets by this column's value (the same value, the "
+    "same bucket, as a Kafka producer keys them).",
+)
+def append(
+    topic: Path, file: Path, file_format: str | None, bucket: int | None, key: str | None
+) -> None:
+    """Append your own records from a Parquet, CSV or JSON-lines file.
+
+    The file needs the topic's columns (others are ignored); CSV and JSON values are
+    parsed as the topic's types. Give --bucket, or --key to spread them by a column.
+    """
+    from backlog_dagster.log.files import read_records, split_by_key
+
+    with open_topic(topic) as log:
+        buckets = log.buckets()
+        if (bucket is None) == (key is None) and len(buckets) > 1:
+            raise click.UsageError("give one of --bucket or --key")
+        try:
+            records = read_records(file, log.schema, file_format)
+            parts = (
+                {bucket if bucket is not None else buckets[0]: records}
+                if key is None
+                else split_by_key(records, key, buckets)
+            )
+            for target, part in sorted(parts.items()):
+                first, end = log.append(target, part)
+                console.print(
+                    f"bucket {target}: {end - first:,} records at offsets [{first:,}, {end:,})"
+                )
+        except (ValueError, TopicError) as error:
+            raise click.ClickException(str(error)) from error
+
+
 @log_group.command("tail")
 @topic_path
 @click.option("--bucket", type=int, required=True)
