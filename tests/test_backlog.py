@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -72,6 +73,34 @@ def test_windowed_backlog_takes_every_record_however_late(
     ]
     oracle = region_minutes_oracle(records_up_to(topic, topic.latest_offsets()))
     assert_same(results, oracle, ["region", "window_start"])
+
+
+def test_each_results_table_has_a_clean_view(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """Keys, window bounds as SQLite date-times, the aggregations in declared order: no
+    internal partial columns."""
+    import sqlite3
+
+    make_topic(records=2_000, buckets=2)
+    config = pipeline(
+        tmp_path,
+        {**REGION_MINUTES, "aggregations": [*REGION_MINUTES["aggregations"], MEAN]},
+        name="region_minutes",
+    )
+    with open_sink(config) as sink:
+        run_backlog(spark, config, sink, log=print)
+    with sqlite3.connect(tmp_path / "results.sqlite") as db:
+        cursor = db.execute("SELECT * FROM region_minutes_view ORDER BY window_start LIMIT 1")
+        row = dict(zip([c[0] for c in cursor.description], cursor.fetchone(), strict=True))
+        stored = [c[1] for c in db.execute("PRAGMA table_info(region_minutes)")]
+    assert list(row) == ["region", "window_start", "window_end", "orders", "total_amount", "mean"]
+    assert re.fullmatch(r"2026-09-21 14:\d\d:00", row["window_start"])  # the records' day
+    assert row["mean"] == pytest.approx(row["total_amount"] / row["orders"])
+    assert "_mean_sum" in stored  # the partials stay in the table itself
+
+
+MEAN = {"name": "mean", "function": "avg", "column": "amount"}
 
 
 def test_a_replayed_commit_changes_nothing(
