@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Self
 import dagster as dg
 from pydantic import BaseModel
 
+from backlog_dagster.components.scaffold import BacklogPipelineScaffolder
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.results import layout_of
 from backlog_dagster.sink.base import BucketState
@@ -69,6 +70,7 @@ def open_sink(config: PipelineConfig) -> SqliteSink:
     )
 
 
+@dg.scaffold_with(BacklogPipelineScaffolder)
 class BacklogPipeline(dg.Component):
     """A PySpark pipeline over a bucketed log that catches up in batch, then streams.
 

@@ -10,7 +10,15 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    model_validator,
+)
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
@@ -29,8 +37,21 @@ def parse_duration(value: object) -> object:
     return value
 
 
-#: A duration in seconds, written as a number or with a unit.
-Duration = Annotated[float, BeforeValidator(parse_duration)]
+#: A duration in seconds, written as a number or with a unit. Its JSON schema (what
+#: ``dg check yaml`` and editors check against) says both forms.
+Duration = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number"},
+                {"type": "string", "pattern": _DURATION.pattern},
+            ],
+            "description": "Seconds, or a number with a unit: '500ms', '30s', '5m', '1h', '2d'.",
+        }
+    ),
+]
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
