@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -48,7 +47,6 @@ from typing import Any
 import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
-import yaml
 
 from backlog_dagster.components.dev_server import (
     DevServer,
@@ -60,6 +58,7 @@ from backlog_dagster.components.dev_server import (
 from backlog_dagster.components.pipeline import DATA_ENV
 from backlog_dagster.log import Topic, create_topic
 from backlog_dagster.log.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
+from tests.dagster_server import copy_example
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINES = ("customer_totals", "region_minutes")
@@ -111,7 +110,7 @@ class ExampleUnderTest:
         self.topic_path = self.data / "example" / "orders"
         self.sink_path = self.data / "example" / "results.sqlite"
         self.live_rate, self.seed = live_rate, seed
-        _copy_example(self.project)
+        copy_example(self.project, _lighter)
         create_topic(
             self.topic_path, ORDERS_SCHEMA, timestamp_column=ORDERS_TIMESTAMP, buckets=4
         ).close()
@@ -575,24 +574,15 @@ def poll(condition: Callable[[], Any], timeout: float, interval: float = 1.0) ->
     return bool(condition())
 
 
-def _copy_example(project: Path) -> None:
-    shutil.copytree(
-        ROOT / "definitions",
-        project / "definitions",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    for name in ("workspace.yaml", "pyproject.toml"):  # dg finds the project by the latter
-        shutil.copy(ROOT / name, project / name)
-    for defs in (project / "definitions" / "defs").glob("*/defs.yaml"):
-        document = yaml.safe_load(defs.read_text())
-        attributes = document["attributes"]
-        attributes.setdefault("switch", {})["heartbeat_timeout"] = "15s"
-        attributes["switch"]["standby"] = False
-        attributes["realtime"]["checkpoint_interval"] = "5s"
-        if attributes["name"] == "region_minutes":
-            attributes["backlog"]["checkpoint_interval"] = "0.05s"
-            attributes["backlog"]["watermark_lag_threshold"] = "10m"
-        defs.write_text(yaml.safe_dump(document, sort_keys=False))
+def _lighter(attributes: dict[str, Any]) -> bool:
+    """The harness's lighter settings for two cores (see the module's docstring)."""
+    attributes.setdefault("switch", {})["heartbeat_timeout"] = "15s"
+    attributes["switch"]["standby"] = False
+    attributes["realtime"]["checkpoint_interval"] = "5s"
+    if attributes["name"] == "region_minutes":
+        attributes["backlog"]["checkpoint_interval"] = "0.05s"
+        attributes["backlog"]["watermark_lag_threshold"] = "10m"
+    return True
 
 
 # -- the audit ----------------------------------------------------------------------------

@@ -200,8 +200,9 @@ def a_run_launched_by_hand_did_the_work_or_was_refused(
 
 
 def killed_realtime_run_is_restarted(instance: dg.DagsterInstance, data: Path) -> None:
-    """customer_totals' realtime run is killed while live records arrive: the sensor
-    notices the silent heartbeat, marks the run failed and starts another, which goes on
+    """customer_totals' realtime run is killed while live records arrive: Dagster's code
+    server reports its process gone (the heartbeat is only the fallback, for a run whose
+    code server died too), and the sensor starts another at its next tick, which goes on
     from the sink's offsets (the oracle is checked once the producer stops)."""
     dead = runs_of(instance, "customer_totals_realtime_job")[0].run_id
     kill_run_worker(instance, dead)
@@ -213,6 +214,8 @@ def killed_realtime_run_is_restarted(instance: dg.DagsterInstance, data: Path) -
 
     wait_until(restarted, 300, "the sensor to restart the dead realtime run")
     assert instance.get_run_by_id(dead).status == dg.DagsterRunStatus.FAILURE  # type: ignore[union-attr]
+    failure = instance.all_logs(dead, of_type=dg.DagsterEventType.RUN_FAILURE)
+    assert failure and "no heartbeat" not in str(failure)  # Dagster saw it, not the timeout
     wait_until(
         lambda: all(sink_state(data, "customer_totals")[1][b] > at_kill[b] for b in at_kill),
         300,

@@ -1,0 +1,87 @@
+"""A definition that cannot run leaves no trap, through `dagster dev`: break, watch, fix.
+
+A mistake only Spark sees (a filter naming a column the source lacks) passes the load;
+its backlog run fails naming the file and field, the standby fails on the same check
+instead of holding a Spark driver, and once the file is fixed and the code location
+reloaded, the sensor takes the pipeline through backlog and switch with nothing done by
+hand: no reset, since nothing was committed under the broken definition.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import yaml
+from dagster_graphql import DagsterGraphQLClient
+
+from backlog_dagster.components.dev_server import dagster_dev
+from tests.conftest import MakeTopic
+from tests.dagster_server import copy_example
+from tests.pipelines import assert_example_customer_totals
+from tests.test_switch import runs_of, sink_state, wait_until
+
+BROKEN_FILTER = "amout > 0"
+
+
+def test_a_broken_definition_fixed_in_place_runs_without_a_reset(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(records=50_000, buckets=2, name="example/orders")
+    project = tmp_path / "project"
+
+    def only_customer_totals(attributes: dict[str, Any]) -> bool:
+        attributes["transform"]["filter"] = BROKEN_FILTER
+        return attributes["name"] == "customer_totals"
+
+    copy_example(project, only_customer_totals)
+    defs = project / "definitions" / "defs" / "customer_totals" / "defs.yaml"
+    home = tmp_path / "dagster_home"
+    with dagster_dev(project, home, tmp_path) as server:
+        client = DagsterGraphQLClient("127.0.0.1", port_number=server.port)
+        instance = dg.DagsterInstance.from_config(str(home))
+
+        def ended(job: str) -> list[dg.DagsterRun]:
+            return [r for r in runs_of(instance, job) if r.is_finished]
+
+        wait_until(
+            lambda: ended("customer_totals_backlog_job") and ended("customer_totals_realtime_job"),
+            300,
+            "the broken backlog run and its standby to fail",
+        )
+        backlog = ended("customer_totals_backlog_job")[0]
+        standby = ended("customer_totals_realtime_job")[0]
+        assert backlog.status == standby.status == dg.DagsterRunStatus.FAILURE
+        assert standby.tags["backlog_dagster/standby"] == "true"
+        for run in (backlog, standby):
+            failure = str(instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE))
+            assert f"{defs}: attributes.transform.filter: Spark cannot use" in failure
+        assert not any(
+            r.status == dg.DagsterRunStatus.STARTED
+            for r in runs_of(instance, "customer_totals_realtime_job")
+        ), "a standby still holds a Spark driver"
+
+        document = yaml.safe_load(defs.read_text())
+        document["attributes"]["transform"]["filter"] = "amount > 0"
+        defs.write_text(yaml.safe_dump(document, sort_keys=False))
+        client.reload_repository_location("example")
+
+        wait_until(
+            lambda: sink_state(tmp_path, "customer_totals")[0] == "realtime",
+            400,
+            "the fixed pipeline to switch to realtime",
+        )
+        assert_example_customer_totals(tmp_path, topic.path)
+        import sqlite3
+
+        with sqlite3.connect(tmp_path / "example" / "results.sqlite") as db:
+            reasons = [
+                r[0]
+                for r in db.execute(
+                    "SELECT reason FROM backlog_generations WHERE pipeline = 'customer_totals' "
+                    "ORDER BY generation"
+                )
+            ]
+        assert reasons == ["first start", "definition changed before any result"]
+        instance.dispose()
