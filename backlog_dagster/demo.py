@@ -250,8 +250,8 @@ def _summary(data_dir: Path, lags: dict[str, list[int]]) -> None:
             ("customer_totals", "total_amount DESC"),
             ("region_minutes", "window_start DESC, region"),
         ):
-            cursor = db.execute(f"SELECT * FROM {name} ORDER BY {order} LIMIT 5")
-            columns = [c[0] for c in cursor.description if not c[0].startswith("_")]
+            cursor = db.execute(f"SELECT * FROM {name}_view ORDER BY {order} LIMIT 5")
+            columns = [c[0] for c in cursor.description]
             table = Table(title=f"{name}: top rows")
             for column in columns:
                 table.add_column(column)

@@ -6,16 +6,9 @@ pipeline writes, never blocked by the writer (DuckDB, by contrast, locks its fil
 against other processes). Results and progress live in the same file, so one
 transaction commits both.
 
-Tables: the results table as declared, plus ``backlog_generations`` and
-``backlog_buckets`` holding each pipeline's markers and progress, ``backlog_heartbeats``
-(when each long-running run last said it was alive), ``backlog_phases``
-(the phase flag and its history), ``backlog_commits`` (when each commit landed, in
-which phase, how many records), and for windowed
-pipelines ``<table>_late``: records that arrived after the watermark had closed their
-window (bucket, offset, event time and the watermark then), kept instead of dropped;
-``<table>_dead_letters``: bad records (bucket, offset, payload, reason); and
-``backlog_skips``: offsets retention removed before they were read, where the pipeline
-was told to skip them.
+The tables (results, their view, dead letters, late records, and the state tables with
+markers, progress, phases, commits, heartbeats and skips) are described in one place:
+``docs/sink-tables.md``.
 """
 
 from __future__ import annotations
