@@ -46,6 +46,8 @@ CREATE TABLE IF NOT EXISTS blobs (
     appended_at REAL NOT NULL,
     data BLOB NOT NULL
 );
+-- Arrival order: what idleness and lateness read, without touching the blobs' data.
+CREATE INDEX IF NOT EXISTS blobs_by_arrival ON blobs (appended_at, max_time_us);
 CREATE TABLE IF NOT EXISTS bounds (
     id INTEGER PRIMARY KEY CHECK (id = 0),
     earliest_offset INTEGER NOT NULL,
@@ -200,8 +202,8 @@ class Bucket:
             (start, end),
         ).fetchall()
 
-    def arrivals(self, since: float) -> Arrivals:
-        """How the bucket's record times grew with its appends, from ``since`` on.
+    def arrivals(self, since: float, until: float = float("inf")) -> Arrivals:
+        """How the bucket's record times grew with its appends, from ``since`` to ``until``.
 
         The lateness of a realtime record is judged against the watermark as it stood
         when the record was appended (``phases.watermark``): this is what that needs,
@@ -213,8 +215,8 @@ class Bucket:
         ).fetchone()
         appends = self._db.execute(
             "SELECT appended_at, max(max_time_us) FROM blobs WHERE appended_at >= ? "
-            "GROUP BY appended_at ORDER BY appended_at",
-            (since,),
+            "AND appended_at <= ? GROUP BY appended_at ORDER BY appended_at",
+            (since, until),
         ).fetchall()
         return Arrivals(before, last, [(float(at), int(high)) for at, high in appends])
 

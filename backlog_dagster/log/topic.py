@@ -113,8 +113,8 @@ class Topic:
     ) -> Iterator[tuple[pa.RecordBatch, float]]:
         return self.bucket(bucket_id).read_arrivals(start, end)
 
-    def arrivals(self, bucket_id: int, since: float) -> Arrivals:
-        return self.bucket(bucket_id).arrivals(since)
+    def arrivals(self, bucket_id: int, since: float, until: float = float("inf")) -> Arrivals:
+        return self.bucket(bucket_id).arrivals(since, until)
 
     def append_time(self, bucket_id: int, offset: int) -> float | None:
         return self.bucket(bucket_id).append_time(offset)

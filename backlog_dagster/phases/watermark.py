@@ -76,33 +76,41 @@ def arrival_watermarks(
     since: Mapping[int, int],
     lateness_us: int,
     idle_timeout_s: float,
+    most: int | None = None,
 ) -> dict[int, int | None]:
     """``{append time (µs): watermark (µs) just before that append}`` for every append
     to the topic's buckets at or after the records at offsets ``since`` (the first
-    unread record of each bucket).
+    unread record of each bucket), up to the append of a bucket's ``most``-th unread
+    record at the latest (a micro-batch reads no more of a bucket than its read limit).
 
     The event time is the log's record time, which the log indexes per append. The
     watermark at an append counts, per bucket, the records appended strictly before it,
     and a bucket is active when it received something within the idle timeout up to
     and including that moment (so the appending bucket is).
     """
+    bounds = topic.bounds()
     starts = [topic.append_time(b, offset) for b, offset in since.items()]
     known = [t for t in starts if t is not None]
     if not known:
         return {}
-    first = min(known)
-    # Far enough back to see which buckets were active at the first append.
-    history = {b: topic.arrivals(b, first - idle_timeout_s) for b in topic.buckets()}
+    until = float("inf")
+    if most is not None:
+        ends = [
+            topic.append_time(b, min(offset + most, bounds[b].latest) - 1)
+            for b, offset in since.items()
+            if b in bounds and bounds[b].latest > offset
+        ]
+        until = max((t for t in ends if t is not None), default=until)
+    history = {b: topic.arrivals(b, min(known), until) for b in bounds}
     latest = {b: h.max_time_before_us for b, h in history.items()}
     last = {b: h.last_append_before for b, h in history.items()}
     watermarks: dict[int, int | None] = {}
     for moment, appends in _by_moment((b, h.appends) for b, h in history.items()):
         for bucket, _ in appends:
             last[bucket] = moment
-        if moment >= first:
-            clocks = {b: BucketClock(latest[b], last[b]) for b in history}
-            mark = combine(clocks, lateness_us, idle_timeout_s, moment).watermark_us
-            watermarks[round(moment * 1_000_000)] = mark
+        clocks = {b: BucketClock(latest[b], last[b]) for b in history}
+        mark = combine(clocks, lateness_us, idle_timeout_s, moment).watermark_us
+        watermarks[round(moment * 1_000_000)] = mark
         for bucket, high in appends:
             if latest[bucket] is None or high > latest[bucket]:  # type: ignore[operator]
                 latest[bucket] = high
