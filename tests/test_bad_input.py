@@ -329,14 +329,9 @@ def test_a_windowed_pipeline_takes_its_event_time_from_the_log(tmp_path: Path) -
     """Lateness is judged by arrival, which the log indexes by its record time."""
     json_topic(tmp_path)
     config = payments(tmp_path)
-    windowed = config.model_copy(
-        update={
-            "transform": config.transform.model_copy(
-                update={"window": {"size": 60.0, "allowed_lateness": 0.0}}
-            )
-        }
-    )
-    windowed = PipelineConfig.model_validate(windowed.model_dump())
+    attributes = config.model_dump()
+    attributes["transform"]["window"] = {"size": "1m"}
+    windowed = PipelineConfig.model_validate(attributes)
     with Topic(tmp_path / "payments") as topic:
         problems = source_problems(windowed, topic)
         assert [str(p) for p in problems] == [

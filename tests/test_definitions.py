@@ -28,6 +28,8 @@ def test_workspace_validates_with_the_dagster_cli() -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Validation successful" in result.stdout + result.stderr
+    # workspace.yaml and [tool.dg.project] name the code location alike: no warnings.
+    assert "does not match" not in result.stdout + result.stderr
 
 
 def test_example_assets_materialize_through_the_dagster_cli(tmp_path: Path) -> None:
