@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from backlog_dagster.components.dev_server import dagster_dev
+from backlog_dagster.components.pipeline import with_paths_under
 from backlog_dagster.log.cli import progress_bar
 from backlog_dagster.log.topic import Topic, create_topic
 from backlog_dagster.log.workload import (
@@ -30,12 +31,16 @@ from backlog_dagster.log.workload import (
     produce_backlog,
     produce_live,
 )
+from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.pipeline.load import load_pipeline
+from backlog_dagster.sink import open_sink
 
 if TYPE_CHECKING:
     from dagster import DagsterInstance
 
 console = Console(soft_wrap=True)
 PIPELINES = ("customer_totals", "region_minutes")
+EXAMPLE_DEFS = Path("definitions") / "defs"
 
 
 @click.command("demo")
@@ -94,17 +99,22 @@ def demo(
     )
     producer.start()
 
+    pipelines = {
+        name: with_paths_under(load_pipeline(EXAMPLE_DEFS / name / "defs.yaml"), data_dir)
+        for name in PIPELINES
+    }
     started = time.monotonic()
     try:
         with dagster_dev(Path.cwd(), data_dir / "dagster_home", data_dir) as server:
             console.print(f"[dim]{0:6.1f}s[/] dagster dev up on {server.url} (log: {server.log})")
-            lags = Timeline(data_dir, data_dir / "dagster_home", server.port, started).run(
-                realtime_seconds
+            timeline = Timeline(
+                pipelines, data_dir, data_dir / "dagster_home", server.port, started
             )
+            lags = timeline.run(realtime_seconds)
     finally:
         stop_producer.set()
         producer.join(30)
-    _summary(data_dir, lags)
+    _summary(pipelines, lags)
 
 
 def _produce(topic_dir: Path, rate: float, first_id: int, stop: threading.Event) -> None:
@@ -116,7 +126,15 @@ def _produce(topic_dir: Path, rate: float, first_id: int, stop: threading.Event)
 class Timeline:
     """Polls the instance and the sink once a second and prints what changed."""
 
-    def __init__(self, data_dir: Path, home: Path, port: int, started: float) -> None:
+    def __init__(
+        self,
+        pipelines: dict[str, PipelineConfig],
+        data_dir: Path,
+        home: Path,
+        port: int,
+        started: float,
+    ) -> None:
+        self.pipelines = pipelines
         self.data_dir, self.home, self.port, self.started = data_dir, home, port, started
         self.seen: set[str] = set()
         self.lags: dict[str, list[int]] = {p: [] for p in PIPELINES}
@@ -167,15 +185,10 @@ class Timeline:
         """Print news for one pipeline; return 1 while its realtime run is up."""
         import dagster as dg
 
-        from backlog_dagster.sink.sqlite import PipelineState
-
-        sink_path = self.data_dir / "example" / "results.sqlite"
-        if not sink_path.exists():
-            return 0
-        with PipelineState(sink_path, name) as state:
-            generation = state.current_generation()
-            history = state.phase_history()
-            phase = state.phase()
+        with open_sink(self.pipelines[name]) as sink:
+            generation = sink.current_generation()
+            history = sink.phase_history()
+            phase = sink.phase()
         if generation is None:
             return 0
         marks = ", ".join(f"{b.bucket}:{b.marker:,}" for b in generation.buckets.values())
@@ -209,58 +222,48 @@ class Timeline:
         return 0
 
     def _lag_line(self) -> None:
-        import sqlite3
-
         with Topic(self.data_dir / "example" / "orders") as topic:
             latest = sum(topic.latest_offsets().values())
         parts = []
-        with sqlite3.connect(self.data_dir / "example" / "results.sqlite") as db:
-            for name in PIPELINES:
-                (reached,) = db.execute(
-                    "SELECT sum(reached) FROM backlog_buckets WHERE pipeline = ? AND generation "
-                    "= (SELECT max(generation) FROM backlog_buckets WHERE pipeline = ?)",
-                    (name, name),
-                ).fetchone()
-                lag = latest - (reached or 0)
-                self.lags[name].append(lag)
-                parts.append(f"{name} lag {lag:,} records")
+        for name, config in self.pipelines.items():
+            with open_sink(config) as sink:
+                generation = sink.current_generation()
+            reached = (
+                0 if generation is None else sum(b.reached for b in generation.buckets.values())
+            )
+            lag = latest - reached
+            self.lags[name].append(lag)
+            parts.append(f"{name} lag {lag:,} records")
         console.print(
             f"[dim]{time.monotonic() - self.started:6.1f}s[/] realtime: " + "; ".join(parts)
         )
 
 
-def _summary(data_dir: Path, lags: dict[str, list[int]]) -> None:
-    import sqlite3
+def _summary(pipelines: dict[str, PipelineConfig], lags: dict[str, list[int]]) -> None:
+    for name, config in pipelines.items():
+        with open_sink(config) as sink:
+            history = sink.phase_history()
+            gaps = [sink.switch_gap(c.generation) for c in history if c.phase == "realtime"]
+            results = sink.read_results()
+        gap = next((g for g in gaps if g is not None), None)
+        lag = lags.get(name) or [0]
+        console.print(
+            f"{name}: switch gap (last backlog commit → first realtime commit) "
+            f"{'none' if gap is None else f'{gap:.1f} s'}; realtime lag median "
+            f"{statistics.median(lag):,.0f} records, max {max(lag):,}"
+        )
+        order = TOP_ROWS[name]
+        top = results.sort_by(order).slice(0, 5).to_pylist()
+        table = Table(title=f"{name}: top rows")
+        for column in results.column_names:
+            table.add_column(column)
+        for row in top:
+            table.add_row(*(f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row.values()))
+        console.print(table)
 
-    with sqlite3.connect(data_dir / "example" / "results.sqlite") as db:
-        for name in PIPELINES:
-            (gap,) = db.execute(
-                "SELECT (SELECT min(committed_at) FROM backlog_commits WHERE pipeline = :p AND "
-                "phase = 'realtime') - (SELECT max(committed_at) FROM backlog_commits WHERE "
-                "pipeline = :p AND phase = 'backlog')",
-                {"p": name},
-            ).fetchone()
-            lag = lags.get(name) or [0]
-            console.print(
-                f"{name}: switch gap (last backlog commit → first realtime commit) "
-                f"{gap if gap is None else f'{gap:.1f} s'}; realtime lag median "
-                f"{statistics.median(lag):,.0f} records, max {max(lag):,}"
-            )
-        for name, order in (
-            ("customer_totals", "total_amount DESC"),
-            ("region_minutes", "window_start DESC, region"),
-        ):
-            cursor = db.execute(f"SELECT * FROM {name}_view ORDER BY {order} LIMIT 5")
-            columns = [c[0] for c in cursor.description]
-            table = Table(title=f"{name}: top rows")
-            for column in columns:
-                table.add_column(column)
-            for row in cursor.fetchall():
-                values = dict(zip([c[0] for c in cursor.description], row, strict=True))
-                table.add_row(
-                    *(
-                        f"{values[c]:,.2f}" if isinstance(values[c], float) else str(values[c])
-                        for c in columns
-                    )
-                )
-            console.print(table)
+
+#: How the summary orders each pipeline's results.
+TOP_ROWS = {
+    "customer_totals": [("total_amount", "descending")],
+    "region_minutes": [("window_start", "descending"), ("region", "ascending")],
+}

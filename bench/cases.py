@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from backlog_dagster.components.pipeline import open_sink
 from backlog_dagster.log import Topic
 from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.sink import open_sink
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -53,7 +53,7 @@ from cases import (
 from report import write_markdown, write_plot
 
 from backlog_dagster.components.dev_server import process_kind, processes_under
-from backlog_dagster.components.pipeline import open_sink, with_paths_under
+from backlog_dagster.components.pipeline import with_paths_under
 from backlog_dagster.log import Topic, create_topic
 from backlog_dagster.log.workload import (
     ORDERS_SCHEMA,
@@ -62,6 +62,7 @@ from backlog_dagster.log.workload import (
 )
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.load import load_pipeline
+from backlog_dagster.sink import open_sink
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
 from backlog_dagster.cli import main
-from backlog_dagster.components.pipeline import backlog_asset, open_sink
+from backlog_dagster.components.pipeline import backlog_asset
 from backlog_dagster.log import Payload, Topic, create_topic
 from backlog_dagster.log.schema import parse_ddl
 from backlog_dagster.phases.backlog import run_backlog
@@ -24,7 +24,7 @@ from backlog_dagster.phases.markers import DefinitionChanged, current_generation
 from backlog_dagster.phases.transform import TransformError, source_problems
 from backlog_dagster.phases.truncation import LogTruncated
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink.base import SinkUnreachable
+from backlog_dagster.sink import SinkUnreachable, open_sink
 from tests.conftest import MakeTopic
 from tests.pipelines import (
     CUSTOMER_TOTALS,

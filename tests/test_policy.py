@@ -10,7 +10,7 @@ from typing import Any
 from backlog_dagster.phases.lag import Lag
 from backlog_dagster.phases.policy import decide, flapping, way_backs
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink.base import PhaseChange
+from backlog_dagster.sink import PhaseChange
 from tests.pipelines import CUSTOMER_TOTALS, pipeline
 
 TICK = 5.0

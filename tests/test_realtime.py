@@ -11,13 +11,13 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from backlog_dagster.components.pipeline import open_sink
 from backlog_dagster.log import Topic
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.markers import continue_backlog, current_generation
 from backlog_dagster.phases.realtime import BacklogNotFinished, run_realtime
 from backlog_dagster.phases.standby import await_switch
 from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.sink import open_sink
 from tests.conftest import MakeTopic, append_orders
 from tests.pipelines import (
     CUSTOMER_TOTALS,

@@ -21,9 +21,9 @@ import pyspark
 import pytest
 from dagster._serdes import serialize_value
 
-from backlog_dagster.components.pipeline import open_sink
 from backlog_dagster.pipeline.config import FromEnv, PipelineConfig
 from backlog_dagster.pipeline.load import PipelineFileError, load_pipeline
+from backlog_dagster.sink import open_sink
 from tests.conftest import MakeTopic
 from tests.pipelines import (
     CUSTOMER_TOTALS,

@@ -13,7 +13,8 @@ from typing import Any
 
 import dagster as dg
 
-from backlog_dagster.components.pipeline import open_sink, pipeline_definitions
+from backlog_dagster.components.pipeline import pipeline_definitions
+from backlog_dagster.sink import open_sink
 from tests.conftest import MakeTopic
 from tests.pipelines import CUSTOMER_TOTALS, pipeline
 

@@ -10,11 +10,11 @@ from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
 from backlog_dagster.cli import main
-from backlog_dagster.components.pipeline import open_sink
 from backlog_dagster.log import Topic
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.lag import watermark_lag
 from backlog_dagster.phases.markers import continue_backlog, current_generation
+from backlog_dagster.sink import open_sink
 from tests.conftest import MakeTopic, append_orders
 from tests.pipelines import (
     CUSTOMER_TOTALS,

@@ -28,9 +28,7 @@ from pydantic import BaseModel
 
 from backlog_dagster.components.scaffold import BacklogPipelineScaffolder
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.pipeline.results import layout_of
-from backlog_dagster.sink.base import BucketState
-from backlog_dagster.sink.sqlite import PipelineState, SqliteSink
+from backlog_dagster.sink import BucketState, open_sink
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -59,15 +57,6 @@ class RealtimeRunConfig(dg.Config):
     standby_for_generation: int = 0
     """Not 0: a standby run, started while that generation's backlog runs (see
     ``phases.standby``)."""
-
-
-def open_sink(config: PipelineConfig) -> SqliteSink:
-    return SqliteSink(
-        config.sink.path,
-        config.sink.table,
-        config.name,
-        layout_of(config.transform),
-    )
 
 
 @dg.scaffold_with(BacklogPipelineScaffolder)
@@ -206,7 +195,7 @@ def user_error_types() -> tuple[type[Exception], ...]:
     from backlog_dagster.phases.transform import TransformError
     from backlog_dagster.phases.truncation import LogTruncated
     from backlog_dagster.pipeline.secrets import SettingUnset
-    from backlog_dagster.sink.base import SinkUnreachable
+    from backlog_dagster.sink import SinkUnreachable
 
     return (
         BadRecord,
@@ -291,9 +280,9 @@ def heartbeat(pipeline: PipelineConfig, run_id: str) -> Iterator[None]:
     done = threading.Event()
 
     def beat() -> None:
-        with PipelineState(pipeline.sink.path, pipeline.name) as state:
+        with open_sink(pipeline) as sink:
             while not done.is_set():
-                state.beat(run_id)
+                sink.beat(run_id)
                 done.wait(pipeline.switch.status_every)
 
     thread = threading.Thread(target=beat, name=f"heartbeat-{run_id}", daemon=True)
@@ -379,8 +368,8 @@ def keeps_up_check(pipeline: PipelineConfig) -> dg.AssetChecksDefinition:
     def keeps_up() -> dg.AssetCheckResult:
         from backlog_dagster.components.switch import keeps_up_verdict
 
-        with PipelineState(pipeline.sink.path, pipeline.name) as state:
-            passed, description, count = keeps_up_verdict(state.phase_history(), time.time())
+        with open_sink(pipeline) as sink:
+            passed, description, count = keeps_up_verdict(sink.phase_history(), time.time())
         return dg.AssetCheckResult(
             passed=passed,
             severity=dg.AssetCheckSeverity.WARN,

@@ -40,8 +40,7 @@ from backlog_dagster.phases.lag import watermark_lag
 from backlog_dagster.phases.markers import continue_backlog, current_generation, extend_markers
 from backlog_dagster.phases.policy import FLAP_WINDOW_S, decide, flapping, way_backs
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink.base import Generation, PhaseChange
-from backlog_dagster.sink.sqlite import PipelineState, SqliteSink
+from backlog_dagster.sink import Generation, PhaseChange, Sink, open_sink
 
 #: A run whose own code failed within this long of its start is restarted no sooner
 #: than this after it ended, so a persistent failure (a missing topic, say) does not
@@ -115,8 +114,6 @@ def switch_sensor(
         "and keeps one run of that phase going.",
     )
     def switch(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        from backlog_dagster.components.pipeline import open_sink
-
         cursor = json.loads(context.cursor or "{}")
         events: list[dg.AssetObservation | dg.AssetCheckEvaluation] = []
         now = time.time()
@@ -175,7 +172,7 @@ def switch_sensor(
 
 
 def _markers(
-    context: dg.SensorEvaluationContext, config: PipelineConfig, sink: SqliteSink
+    context: dg.SensorEvaluationContext, config: PipelineConfig, sink: Sink
 ) -> tuple[Generation | None, str]:
     """The current generation; on the pipeline's first tick, its markers are taken here.
 
@@ -255,7 +252,7 @@ def _finish_events(
 def _decide(
     context: dg.SensorEvaluationContext,
     config: PipelineConfig,
-    sink: SqliteSink,
+    sink: Sink,
     generation: Generation,
     cursor: dict[str, Any],
     now: float,
@@ -505,7 +502,7 @@ def _standby_of(run: dg.DagsterRun, number: int) -> bool:
 
 def _silent(
     context: dg.SensorEvaluationContext,
-    state: PipelineState,
+    state: Sink,
     run: dg.DagsterRun,
     config: PipelineConfig,
 ) -> bool:

@@ -45,7 +45,7 @@ from backlog_dagster.phases.transform import (
 )
 from backlog_dagster.phases.truncation import handle_truncation, removed_unread
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink.base import BucketState, Generation, Sink
+from backlog_dagster.sink import BucketState, Generation, Sink
 from backlog_dagster.spark.source import FORMAT, share_read_limit
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ def run_backlog(
 
     Refused (``PhaseAlreadyRunning``) while another run of the pipeline is going.
     """
-    with exclusive_run(config, "backlog"):
+    with exclusive_run(sink, config, "backlog"):
         return _run_backlog(spark, config, sink, checkpoint_interval, log)
 
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink.base import DEAD_LETTER_COLUMNS
+from backlog_dagster.sink import DEAD_LETTER_COLUMNS
 from backlog_dagster.spark.records import (
     BUCKET_COLUMN,
     CORRUPT_COLUMN,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from backlog_dagster.log import Topic
 from backlog_dagster.phases.watermark import BucketClock, combine
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink.base import Generation
+from backlog_dagster.sink import Generation
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from backlog_dagster.log import Topic
 from backlog_dagster.phases.lag import watermark_lag
 from backlog_dagster.phases.policy import lag_says_backlog
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink.base import Generation, Sink
+from backlog_dagster.sink import Generation, Sink
 
 
 class DefinitionChanged(RuntimeError):

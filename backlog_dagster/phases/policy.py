@@ -25,7 +25,7 @@ from itertools import pairwise
 
 from backlog_dagster.phases.lag import Lag
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink.base import PhaseChange
+from backlog_dagster.sink import PhaseChange
 
 #: Way backs older than this do not count towards flapping or the doubling.
 FLAP_WINDOW_S = 3600.0

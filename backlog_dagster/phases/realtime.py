@@ -55,7 +55,7 @@ from backlog_dagster.phases.transform import (
 from backlog_dagster.phases.truncation import handle_truncation, removed_unread
 from backlog_dagster.phases.watermark import arrival_watermarks
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink.base import Generation, GenerationEnded, Sink
+from backlog_dagster.sink import Generation, GenerationEnded, Sink
 from backlog_dagster.spark.records import APPENDED_COLUMN, BUCKET_COLUMN, OFFSET_COLUMN
 from backlog_dagster.spark.source import FORMAT
 
@@ -109,7 +109,7 @@ def run_realtime(
 
     Refused (``PhaseAlreadyRunning``) while another run of the pipeline is going.
     """
-    with exclusive_run(config, "realtime"):
+    with exclusive_run(sink, config, "realtime"):
         return _run_realtime(
             spark,
             config,

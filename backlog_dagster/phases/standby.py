@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING
 
 from backlog_dagster.log import Topic
 from backlog_dagster.phases.lag import watermark_lag
-from backlog_dagster.phases.lock import try_exclusive
 from backlog_dagster.phases.policy import decide
 from backlog_dagster.phases.transform import check_against_source, partial_results, read_schema
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink.base import Sink
+from backlog_dagster.sink import Sink
 from backlog_dagster.spark.source import FORMAT
 
 if TYPE_CHECKING:
@@ -66,7 +65,7 @@ def await_switch(
             return False
         if sink.phase() == "realtime":
             return True
-        with try_exclusive(config, "standby realtime") as held:
+        with sink.run_lock("standby realtime run", wait_s=0) as held:
             generation = sink.current_generation() if held else None
             if generation is not None:
                 now = time.time()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from backlog_dagster.log import Topic
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink.base import Generation, Sink
+from backlog_dagster.sink import Generation, Sink
 
 
 class LogTruncated(RuntimeError):

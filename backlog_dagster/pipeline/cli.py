@@ -13,7 +13,6 @@ from rich.table import Table
 
 from backlog_dagster.components.pipeline import (
     data_root,
-    open_sink,
     pipeline_spark,
     user_error_types,
     with_paths_under,
@@ -21,6 +20,7 @@ from backlog_dagster.components.pipeline import (
 from backlog_dagster.log import Topic
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.load import PipelineFileError, load_pipeline, project_root_of
+from backlog_dagster.sink import open_sink
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

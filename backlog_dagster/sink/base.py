@@ -1,16 +1,19 @@
 """What every sink offers: results merged with progress in one transaction.
 
 A sink holds the pipeline's results *and* its durable state (generations, boundary
-markers, per-bucket progress), so that the offsets a run has consumed and the results
-it produced from them are committed together: recovery can neither skip nor replay a
-record (the consistency the Pravega seed asks of reader positions).
+markers, per-bucket progress, phases, heartbeats, the run lock), so that the offsets a
+run has consumed and the results it produced from them are committed together: recovery
+can neither skip nor replay a record (the consistency the Pravega seed asks of reader
+positions). Everything outside this package depends on the ``Sink`` protocol only;
+``backlog_dagster.sink.open_sink`` chooses the implementation ``sink.kind`` names.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Self
 
 import pyarrow as pa
 
@@ -76,6 +79,14 @@ class SinkUnreachable(RuntimeError):
 
 
 class Sink(Protocol):
+    @property
+    def dead_letter_table(self) -> str:
+        """Where users find the bad records, by name."""
+
+    @property
+    def late_table(self) -> str:
+        """Where users find the late records (windowed pipelines), by name."""
+
     def current_generation(self) -> Generation | None:
         """The newest generation, or None before the pipeline first started."""
 
@@ -142,4 +153,38 @@ class Sink(Protocol):
     def read_results(self) -> pa.Table:
         """The results as they stand, with the visible columns."""
 
+    def read_dead_letters(self) -> pa.Table:
+        """The bad records set aside, by bucket and offset."""
+
+    def read_late(self) -> pa.Table:
+        """The late records set aside (windowed pipelines)."""
+
+    def dead_letter_count(self) -> int: ...
+
+    def skipped_records(self) -> int:
+        """Records skipped because retention removed them before they were read."""
+
+    def switch_gap(self, generation: int) -> float | None:
+        """Seconds from the backlog's last commit to the realtime phase's first one."""
+
+    def beat(self, run_id: str) -> None:
+        """A run says it is alive (the sensor restarts runs that stop saying so)."""
+
+    def last_beat(self, run_id: str) -> float | None:
+        """When the run last said it was alive (Unix s), if ever."""
+
+    def run_lock(self, holder: str, wait_s: float) -> AbstractContextManager[bool]:
+        """Hold the pipeline's run lock for the block if it can be had within ``wait_s``;
+        the block is told whether it holds it. ``holder`` says who, for the refused.
+
+        Whatever the implementation, a process that dies lets go of it.
+        """
+
+    def lock_holder(self) -> str:
+        """Who holds the run lock, as its holder described itself ('' if unknown)."""
+
     def close(self) -> None: ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(self, *exc: object) -> None: ...

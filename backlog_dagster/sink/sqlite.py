@@ -13,9 +13,12 @@ markers, progress, phases, commits, heartbeats and skips) are described in one p
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Self
 
@@ -282,6 +285,42 @@ class PipelineState:
         ).fetchone()
         return None if gap is None else float(gap)
 
+    @contextmanager
+    def run_lock(self, holder: str, wait_s: float) -> Iterator[bool]:
+        """An exclusive ``flock`` on ``.<pipeline>.lock`` beside the database file.
+
+        The kernel drops it when the process dies however it dies, so a crash never
+        leaves the pipeline locked. The file holds the holder's description.
+        """
+        path = self._lock_path
+        descriptor = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        deadline = time.monotonic() + wait_s
+        try:
+            while True:
+                try:
+                    fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        yield False
+                        return
+                    time.sleep(0.1)
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, f"{holder}, process {os.getpid()}".encode(), 0)
+            yield True
+        finally:
+            os.close(descriptor)
+
+    def lock_holder(self) -> str:
+        try:
+            return self._lock_path.read_text(errors="replace").strip()
+        except OSError:
+            return ""
+
+    @property
+    def _lock_path(self) -> Path:
+        return self.path.with_name(f".{self.pipeline}.lock")
+
     def _transaction(self) -> _Transaction:
         return _Transaction(self._db)
 
@@ -295,8 +334,13 @@ class SqliteSink(PipelineState):
         self.layout = layout
         with self._transaction():
             self._db.execute(self._results_ddl())
-            self._db.execute(f"DROP VIEW IF EXISTS {_quote(self.view)}")
-            self._db.execute(self._view_ddl())
+            view = self._view_ddl()
+            held = self._db.execute(
+                "SELECT sql FROM sqlite_master WHERE type = 'view' AND name = ?", (self.view,)
+            ).fetchone()
+            if held is None or held[0] != view:  # new, or the definition changed
+                self._db.execute(f"DROP VIEW IF EXISTS {_quote(self.view)}")
+                self._db.execute(view)
             self._db.execute(
                 f"CREATE TABLE IF NOT EXISTS {_quote(self.dead_letter_table)} (bucket INTEGER, "
                 '"offset" INTEGER, payload TEXT, reason TEXT, PRIMARY KEY (bucket, "offset"))'

@@ -1,0 +1,38 @@
+"""Where results and progress go: the ``Sink`` contract and its implementations.
+
+Only this package knows which implementation a pipeline's ``sink.kind`` names; the rest
+of the code opens a sink with ``open_sink`` and depends on ``Sink`` alone.
+"""
+
+from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.pipeline.results import layout_of
+from backlog_dagster.sink.base import (
+    DEAD_LETTER_COLUMNS,
+    BucketState,
+    Generation,
+    GenerationEnded,
+    PhaseChange,
+    ProgressConflict,
+    Sink,
+    SinkUnreachable,
+)
+
+
+def open_sink(config: PipelineConfig) -> Sink:
+    """The pipeline's sink, opened (tables created if missing); close it after use."""
+    from backlog_dagster.sink.sqlite import SqliteSink
+
+    return SqliteSink(config.sink.path, config.sink.table, config.name, layout_of(config.transform))
+
+
+__all__ = [
+    "DEAD_LETTER_COLUMNS",
+    "BucketState",
+    "Generation",
+    "GenerationEnded",
+    "PhaseChange",
+    "ProgressConflict",
+    "Sink",
+    "SinkUnreachable",
+    "open_sink",
+]
