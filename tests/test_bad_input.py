@@ -23,6 +23,7 @@ from backlog_dagster.phases.bad_records import BadRecord
 from backlog_dagster.phases.markers import DefinitionChanged, current_generation
 from backlog_dagster.phases.transform import TransformError, source_problems
 from backlog_dagster.phases.truncation import LogTruncated
+from backlog_dagster.phases.watermark import judged_by_arrival
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import SinkUnreachable, open_sink
 from tests.conftest import MakeTopic
@@ -34,6 +35,7 @@ from tests.pipelines import (
     records_up_to,
     write_defs,
 )
+from tests.test_backlog import wait_for
 from tests.test_realtime import RealtimeThread, reached
 
 SCHEMA = "customer STRING, amount DOUBLE, code STRING, at TIMESTAMP"
@@ -325,34 +327,39 @@ def test_an_unreachable_sink_names_the_field(tmp_path: Path) -> None:
     )
 
 
-def test_a_windowed_pipeline_takes_its_event_time_from_the_log(tmp_path: Path) -> None:
-    """Lateness is judged by arrival, which the log indexes by its record time."""
-    json_topic(tmp_path)
-    config = payments(tmp_path)
-    attributes = config.model_dump()
+def test_a_windowed_pipeline_with_an_event_time_the_log_does_not_index(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A JSON field as the event time: the log cannot tell it by arrival, so lateness is
+    judged at the committed progress (the same watermark: the smallest over buckets)."""
+    topic = json_topic(tmp_path)
+    attributes = payments(tmp_path).model_dump()
     attributes["transform"]["window"] = {"size": "1m"}
+    attributes["realtime"]["checkpoint_interval"] = 0.3
     windowed = PipelineConfig.model_validate(attributes)
-    with Topic(tmp_path / "payments") as topic:
-        problems = source_problems(windowed, topic)
-        assert [str(p) for p in problems] == [
-            "attributes.source.event_time: a windowed pipeline's event time must be the log's "
-            "record time, 'ts' (or _timestamp), not 'at': a realtime record is late when its "
-            "window had closed by the time it was appended, and the log indexes its appends "
-            "by record time"
-        ]
-        # _timestamp: the log's record time, read through the declared schema.
-        by_log = windowed.model_copy(
-            update={
-                "source": windowed.source.model_copy(
-                    update={
-                        "event_time": "_timestamp",
-                        "record_schema": SCHEMA + ", _timestamp TIMESTAMP",
-                    }
-                )
-            }
-        )
-        assert source_problems(by_log, topic) == []
-        assert source_problems(config, topic) == []  # no window: any TIMESTAMP column
+    assert source_problems(windowed, topic) == []
+    assert not judged_by_arrival(windowed, topic)
+    by_log = windowed.model_copy(
+        update={"source": windowed.source.model_copy(update={"event_time": "_timestamp"})}
+    )
+    assert judged_by_arrival(by_log, topic)
+
+    with open_sink(windowed) as sink:
+        run_backlog(spark, windowed, sink, log=print)
+    runner = RealtimeThread(spark, windowed, tmp_path / "checkpoint")
+    runner.start()
+    old = "2026-11-20T09:50:00Z"  # ten minutes before every record so far: late
+    for bucket, at in ((0, old), (1, AT), (0, AT)):
+        value = json.dumps({"customer": "late?", "amount": 1.0, "code": "1", "at": at})
+        stamp = pa.array([time.time_ns() // 1000], pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+        topic.append(bucket, pa.table({"ts": stamp, "value": [value]}))
+    wait_for(lambda: reached(windowed) == topic.latest_offsets(), timeout=120)
+    runner.stop()
+    with open_sink(windowed) as sink:
+        late = sink.read_late().to_pylist()
+        rows = {r["customer"]: r["orders"] for r in sink.read_results().to_pylist()}
+    assert [(r["bucket"], r["offset"]) for r in late] == [(0, 1_000)]
+    assert rows["late?"] == 2
 
 
 def test_a_definition_changed_before_any_result_takes_new_markers(

@@ -14,13 +14,14 @@ The run ends by itself when a newer generation replaces the one it started in (t
 switch went back into backlog, or a reset): a batch it could still try to commit is
 refused by the sink, and the query stops.
 
-Event-time windows: a record whose window ended at or before the watermark as it stood
-when the record was appended (``phases.watermark``: per bucket the latest event time
-less the allowed lateness, the smallest over the active buckets) is late. It is not
-merged: it goes to the sink's late table with its bucket, offset, event time and that
-watermark. Judged by arrival, lateness does not depend on how far behind the run is,
-how micro-batches were cut or when a run crashed: a record is late or not whatever the
-run that reads it.
+Event-time windows: a record whose window ended at or before the watermark
+(``phases.watermark``: per bucket the latest event time less the allowed lateness, the
+smallest over the active buckets) is late. It is not merged: it goes to the sink's late
+table with its bucket, offset, event time and that watermark. Where the event time is
+the log's record time, the watermark is taken as it stood when the record was appended:
+lateness then does not depend on how far behind the run is, how micro-batches were cut
+or when a run crashed. For another event-time column the log cannot tell event time by
+arrival, and the watermark is taken at the committed progress when the batch runs.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from backlog_dagster.phases.transform import (
     window_end,
 )
 from backlog_dagster.phases.truncation import handle_truncation, removed_unread
-from backlog_dagster.phases.watermark import arrival_watermarks
+from backlog_dagster.phases.watermark import arrival_watermarks, judged_by_arrival
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation, GenerationEnded, Sink
 from backlog_dagster.spark.records import APPENDED_COLUMN, BUCKET_COLUMN, OFFSET_COLUMN
@@ -140,7 +141,11 @@ def _run_realtime(
 ) -> RealtimeStatus:
     with Topic(config.source.path) as topic:
         check_against_source(config, topic)
-        schema = read_schema(config, topic, arrival=config.transform.window is not None)
+        schema = read_schema(
+            config,
+            topic,
+            arrival=config.transform.window is not None and judged_by_arrival(config, topic),
+        )
         generation = current_generation(sink, topic, config, log)
         generation = handle_truncation(sink, topic, config, generation, log)
     if not generation.finished and config.backlog.boundary == "markers":
@@ -296,35 +301,38 @@ def _buckets_read(batch: DataFrame, config: PipelineConfig) -> dict[int, BucketS
 def _split_late(
     batch: DataFrame, config: PipelineConfig, held: Generation
 ) -> tuple[DataFrame, pa.Table | None]:
-    """Records whose window was open when they arrived, and (as Arrow) those it was not.
+    """Records whose window was open, and (as Arrow) those it was not (see the module).
 
     ``held`` is the generation as committed before this batch: the batch starts at its
     progress, so the appends from there on are all it can hold. A record can only be
-    late if its window closed under the largest of those appends' watermarks: one filter
-    finds these few candidates, and each is checked against the watermark of its own
-    append on the driver (a join with every append's watermark cost about 100 ms a
-    micro-batch, measured).
+    late if its window closed under the largest watermark any of them is judged by: one
+    filter finds these few candidates, and each is checked against its own on the
+    driver (a join with every append's watermark cost about 100 ms a micro-batch).
     """
     from pyspark.sql import functions as F
 
-    window = config.transform.window
-    if window is None:
+    if config.transform.window is None:
         return batch, None
-    since = {b: s.reached for b, s in held.buckets.items()}
     with Topic(config.source.path) as topic:
-        marks = arrival_watermarks(
-            topic,
-            since,
-            lateness_us(config),
-            config.source.idle_timeout,
-            config.realtime.max_records_per_trigger,
-        )
+        by_arrival = judged_by_arrival(config, topic)
+        if by_arrival:
+            marks = arrival_watermarks(
+                topic,
+                {b: s.reached for b, s in held.buckets.items()},
+                lateness_us(config),
+                config.source.idle_timeout,
+                config.realtime.max_records_per_trigger,
+            )
+        else:
+            committed = watermark_lag(held, topic, config, time.time()).watermark_us
+            marks = {} if committed is None else {ANY_ARRIVAL: committed}
     highest = max((m for m in marks.values() if m is not None), default=None)
     if highest is None:
         return batch, None
     ends = window_end(config)
     # A record without an event time is not late: it goes on to the dead-letter table.
     maybe = F.coalesce(ends <= F.timestamp_micros(F.lit(highest)), F.lit(False))
+    arrival = F.unix_micros(F.col(APPENDED_COLUMN)) if by_arrival else F.lit(ANY_ARRIVAL)
     candidates = (
         batch.where(maybe)
         .select(
@@ -332,7 +340,7 @@ def _split_late(
             F.col(OFFSET_COLUMN).alias("offset"),
             F.col(config.source.event_time).alias("event_time"),
             F.unix_micros(ends).alias("window_end"),
-            F.unix_micros(F.col(APPENDED_COLUMN)).alias("appended_at"),
+            arrival.cast("long").alias("appended_at"),
         )
         .toArrow()
     )
@@ -353,6 +361,10 @@ def _split_late(
         ],
     )
     return batch.where(~(maybe & is_late)), late
+
+
+#: Where lateness is judged at the committed progress: one watermark for every record.
+ANY_ARRIVAL = -1
 
 
 def _refresh(

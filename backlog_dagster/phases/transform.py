@@ -21,7 +21,6 @@ from backlog_dagster.spark.records import (
     CORRUPT_COLUMN,
     ERROR_COLUMN,
     OFFSET_COLUMN,
-    TIMESTAMP_COLUMN,
 )
 
 if TYPE_CHECKING:
@@ -99,14 +98,11 @@ def check_against_source(config: PipelineConfig, topic: Topic) -> None:
 
 def source_problems(config: PipelineConfig, topic: Topic) -> list[Problem]:
     """What in the pipeline does not fit its source's columns: known without Spark, so
-    Dagster refuses it when it loads the file. A windowed pipeline's event time must be
-    the log's record time: lateness is judged by arrival, which the log indexes for that
-    column (``phases.watermark``)."""
+    Dagster refuses it when it loads the file."""
     try:
         source = source_schema(config, topic)
     except TransformError as error:
         return list(error.problems)
-    record_time = topic.timestamp_column
     transform = config.transform
     columns = ", ".join(source.names)
     event_time = config.source.event_time
@@ -126,16 +122,6 @@ def source_problems(config: PipelineConfig, topic: Topic) -> list[Problem]:
                 f"{event_time!r} is {type_name(source.field(event_time).type)}, not a "
                 f"TIMESTAMP{needs}; name a TIMESTAMP column or derive one under "
                 "transform.columns",
-            )
-        )
-    elif transform.window is not None and event_time not in (record_time, TIMESTAMP_COLUMN):
-        problems.append(
-            Problem(
-                "source.event_time",
-                f"a windowed pipeline's event time must be the log's record time, "
-                f"{record_time!r} (or {TIMESTAMP_COLUMN}), not {event_time!r}: a realtime "
-                "record is late when its window had closed by the time it was appended, "
-                "and the log indexes its appends by record time",
             )
         )
     known = set(source.names) | set(transform.columns)

@@ -15,9 +15,11 @@ watermark back, and when every bucket is idle there is none (the source is idle)
   the record was appended to the log, with every bucket read up to that moment: the
   watermark a pipeline keeping up would have committed. So lateness depends on the log
   alone, not on how far behind realtime runs, where micro-batches were cut, or when a
-  run crashed and restarted: the same input gives the same late records. (Judged at
-  the committed progress instead, a bucket holding most records falls behind the
-  others under a shared read limit, and its on-time records would be declared late.)
+  run crashed and restarted: the same input gives the same late records. The log can
+  answer this for its record-time column, which it indexes per append; for another
+  event-time column, lateness falls back to the committed progress when the batch runs
+  (still the smallest over buckets, so a bucket that lags does not make its own
+  on-time records late, but which records are late may depend on the batches' cuts).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from backlog_dagster.log import Topic
+from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.spark.records import TIMESTAMP_COLUMN
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,12 @@ def combine(
     return Watermark(min(marks) if marks else None, tuple(idle), tuple(active))
 
 
+def judged_by_arrival(config: PipelineConfig, topic: Topic) -> bool:
+    """Whether the log can give the pipeline's event time by arrival: it indexes its
+    record-time column per append (also readable as ``_timestamp``)."""
+    return config.source.event_time in (topic.timestamp_column, TIMESTAMP_COLUMN)
+
+
 def arrival_watermarks(
     topic: Topic,
     since: Mapping[int, int],
@@ -112,8 +122,8 @@ def arrival_watermarks(
         mark = combine(clocks, lateness_us, idle_timeout_s, moment).watermark_us
         watermarks[round(moment * 1_000_000)] = mark
         for bucket, high in appends:
-            if latest[bucket] is None or high > latest[bucket]:  # type: ignore[operator]
-                latest[bucket] = high
+            before = latest[bucket]
+            latest[bucket] = high if before is None else max(before, high)
     return watermarks
 
 
