@@ -134,16 +134,20 @@ def assert_example_region_minutes(data: Path, topic_path: Path) -> None:
     with sqlite3.connect(data / "example" / "results.sqlite") as db:
         results = pd.read_sql("SELECT * FROM region_minutes", db)
         late = set(db.execute('SELECT bucket, "offset" FROM region_minutes_late').fetchall())
-    frames = []
     with Topic(topic_path) as topic:
-        for bucket, bounds in topic.bounds().items():
-            offset = bounds.earliest
-            for batch in topic.read(bucket, bounds.earliest, bounds.latest):
-                frame = batch.to_pandas()
-                frame["_key"] = [(bucket, offset + i) for i in range(len(frame))]
-                frames.append(frame)
-                offset += len(frame)
-    records = pd.concat(frames, ignore_index=True)
-    kept = records[~records["_key"].isin(late)]
-    oracle = region_minutes_oracle(kept)
+        oracle = region_minutes_oracle(records_not_late(topic, late))
     assert_same(results, oracle, ["region", "window_start"])
+
+
+def records_not_late(topic: Topic, late: set[tuple[int, int]]) -> pd.DataFrame:
+    """Every record the topic holds but those at ``late`` ``(bucket, offset)`` places."""
+    frames = []
+    for bucket, bounds in topic.bounds().items():
+        offset = bounds.earliest
+        for batch in topic.read(bucket, bounds.earliest, bounds.latest):
+            frame = batch.to_pandas()
+            frame["_key"] = [(bucket, offset + i) for i in range(len(frame))]
+            frames.append(frame)
+            offset += len(frame)
+    records = pd.concat(frames, ignore_index=True)
+    return records[~records["_key"].isin(late)]

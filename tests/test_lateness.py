@@ -18,7 +18,7 @@ from backlog_dagster.phases.markers import definition_of
 from backlog_dagster.phases.watermark import BucketClock, arrival_watermarks, combine
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import open_sink
-from tests.pipelines import assert_same, write_defs
+from tests.pipelines import assert_same, records_not_late, write_defs
 from tests.test_backlog import kill_all, start_phase, wait_for
 from tests.test_realtime import RealtimeThread, reached
 
@@ -108,13 +108,7 @@ def late_and_results(config: PipelineConfig) -> tuple[set[tuple[int, int]], pd.D
 
 
 def oracle(topic: Topic, late: set[tuple[int, int]]) -> pd.DataFrame:
-    frames = []
-    for bucket, bounds in topic.bounds().items():
-        frame = pa.Table.from_batches(list(topic.read(bucket, 0, bounds.latest))).to_pandas()
-        frame["_key"] = [(bucket, offset) for offset in range(len(frame))]
-        frames.append(frame)
-    records = pd.concat(frames, ignore_index=True)
-    kept = records[~records["_key"].isin(late)]
+    kept = records_not_late(topic, late)
     minute = kept["ts"].dt.floor("1min")
     return (
         kept.assign(window_start=minute.dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))

@@ -186,8 +186,7 @@ def pipeline_spark(pipeline: PipelineConfig, phase: str) -> Iterator["SparkSessi
 def user_error_types() -> tuple[type[Exception], ...]:
     """Mistakes the user can fix (config against the source, bad record, truncated log,
     missing topic, unreachable sink, unset setting, state of another definition, a run
-    already going): reported as a message
-    naming the file, not a stack trace to dig through."""
+    already going): reported as a message naming the file, not a stack trace."""
     from backlog_dagster.log import TopicError
     from backlog_dagster.phases.bad_records import BadRecord
     from backlog_dagster.phases.lock import PhaseAlreadyRunning
