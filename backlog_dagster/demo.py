@@ -14,6 +14,7 @@ import shutil
 import statistics
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,7 @@ from backlog_dagster.log.workload import (
 )
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.load import load_pipeline
+from backlog_dagster.pipeline.results import WINDOW_END, WINDOW_START
 from backlog_dagster.sink import open_sink
 
 if TYPE_CHECKING:
@@ -258,8 +260,16 @@ def _summary(pipelines: dict[str, PipelineConfig], lags: dict[str, list[int]]) -
         for column in results.column_names:
             table.add_column(column)
         for row in top:
-            table.add_row(*(f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row.values()))
+            table.add_row(*(_cell(column, value) for column, value in row.items()))
         console.print(table)
+
+
+def _cell(column: str, value: object) -> str:
+    """A value as the results view shows it: window bounds as date-times (UTC)."""
+    if column in (WINDOW_START, WINDOW_END) and isinstance(value, str):
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return moment.strftime("%Y-%m-%d %H:%M:%S")
+    return f"{value:,.2f}" if isinstance(value, float) else str(value)
 
 
 #: How the summary orders each pipeline's results.
