@@ -88,11 +88,8 @@ _STATE_TABLES = (
 
 
 class PipelineState:
-    """A pipeline's durable state in the sink's file: generations, progress, phases, commits.
-
-    Opened alone (by the sensor, the demo) it reads and records state without touching
-    the results table.
-    """
+    """A pipeline's durable state in the sink's file: generations, progress, phases,
+    commits, heartbeats and the run lock; ``SqliteSink`` adds the results beside it."""
 
     def __init__(self, path: Path | str, pipeline: str) -> None:
         self.path = Path(path)
