@@ -102,3 +102,13 @@ def all_records(topic: Topic) -> pa.Table:
                 table.append_column("_bucket", pa.array([bucket] * len(table), pa.int32()))
             )
     return pa.concat_tables(tables)
+
+
+@pytest.fixture
+def postgres_dsn() -> Iterator[str]:
+    """A fresh database on the machine's PostgreSQL server (started if down)."""
+    from tests.postgres import ensure_server, fresh_database
+
+    ensure_server()
+    with fresh_database() as dsn:
+        yield dsn

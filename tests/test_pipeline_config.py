@@ -170,7 +170,18 @@ def with_change(path: str, value: object) -> dict:  # type: ignore[type-arg]
             "attributes.source.start: Input should be a valid dictionary or instance of StartAt",
         ),
         ("source.event_time", None, "attributes.source.event_time: Field required"),
-        ("sink.kind", "postgres", "attributes.sink.kind: Input should be 'sqlite'"),
+        ("sink.kind", "mysql", "attributes.sink: Input tag 'mysql' found using 'kind' does not"),
+        ("sink.kind", "postgres", "attributes.sink.dsn: Field required"),
+        (
+            "sink",
+            {"kind": "postgres", "dsn": "host=db password=hunter2", "table": "t"},
+            "attributes.sink.dsn: Value error, holds a password; write {env: NAME}",
+        ),
+        (
+            "sink",
+            {"kind": "postgres", "dsn": "postgresql://me:hunter2@db/results", "table": "t"},
+            "attributes.sink.dsn: Value error, holds a secret",
+        ),
         (
             "realtime.checkpoint_interval",
             0,
@@ -297,3 +308,36 @@ def test_the_cli_names_the_file_of_a_run_time_mistake_and_exits_non_zero(
         "source nor one of transform.columns"
     ), result.output
     assert "Traceback" not in result.output
+
+
+def test_a_password_in_the_dsn_is_refused_at_load_naming_the_line_not_the_password(
+    tmp_path: Path,
+) -> None:
+    defs = make_project(
+        tmp_path,
+        BAD_YAML.replace(
+            "  sink: {path: s.db, table: t, colour: blue}\n",
+            "  sink:\n    kind: postgres\n    dsn: host=db user=me password=hunter2\n"
+            "    table: t\n",
+        ),
+    )
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("dagster")),
+            "definitions",
+            "validate",
+            "-m",
+            "badproj.definitions",
+            "-d",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DAGSTER_HOME": ""},
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert f"attributes.sink.dsn at {defs}:11" in output, output[-4000:]
+    assert "holds a password" in output
+    assert "hunter2" not in output

@@ -165,10 +165,16 @@ def data_root(project_root: Path) -> Path:
 
 
 def with_paths_under(config: PipelineConfig, root: Path) -> PipelineConfig:
-    """The config with its relative source and sink paths made absolute under ``root``."""
+    """The config with its relative paths (source, SQLite sink, realtime checkpoints) made
+    absolute under ``root``."""
     source = config.source.model_copy(update={"path": str(root / config.source.path)})
-    sink = config.sink.model_copy(update={"path": str(root / config.sink.path)})
-    return config.model_copy(update={"source": source, "sink": sink})
+    sink = config.sink
+    if sink.kind == "sqlite":
+        sink = sink.model_copy(update={"path": str(root / sink.path)})
+    realtime = config.realtime.model_copy(
+        update={"checkpoint_location": str(root / config.realtime.checkpoint_location)}
+    )
+    return config.model_copy(update={"source": source, "sink": sink, "realtime": realtime})
 
 
 @contextmanager
@@ -222,10 +228,10 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
     @dg.asset(
         name=f"{pipeline.name}_backlog",
         group_name=pipeline.name,
-        kinds={"spark", "sqlite"},
+        kinds={"spark", pipeline.sink.kind},
         description=f"Backlog phase of {pipeline.name}: every record up to the boundary "
         f"markers of {pipeline.source.path}, aggregated in Spark batch, into "
-        f"{pipeline.sink.path}:{pipeline.sink.table}.",
+        f"{pipeline.sink.describe()}.",
     )
     def backlog(
         context: dg.AssetExecutionContext, config: BacklogRunConfig
@@ -262,7 +268,7 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
         metadata = report_metadata(report)
         metadata["dead_letters_in_table"] = dg.MetadataValue.int(in_table)
         metadata["dead_letter_table"] = dg.MetadataValue.text(
-            f"{pipeline.sink.path}:{pipeline.sink.table}_dead_letters"
+            f"{pipeline.sink.describe()}_dead_letters"
         )
         return dg.MaterializeResult(metadata=metadata)
 
@@ -299,7 +305,7 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
     @dg.asset(
         key=key,
         group_name=pipeline.name,
-        kinds={"spark", "sqlite"},
+        kinds={"spark", pipeline.sink.kind},
         deps=[f"{pipeline.name}_backlog"],
         description=f"Realtime phase of {pipeline.name}: a long-running Structured Streaming "
         "query from the markers on, merged into the backlog's results. Runs until cancelled.",
@@ -311,7 +317,7 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
         from backlog_dagster.phases.standby import await_switch, warm_up
 
         checkpoint = (
-            Path(pipeline.sink.path).parent / "checkpoints" / pipeline.name / context.run.run_id
+            Path(pipeline.realtime.checkpoint_location) / pipeline.name / context.run.run_id
         )
         try:
             with (

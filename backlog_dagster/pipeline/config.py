@@ -85,6 +85,25 @@ class FromEnv(Frozen):
 _SECRET_IN_URL = re.compile(r";\s*token\s*=|://[^/@\s]*:[^/@\s]*@", re.IGNORECASE)
 
 
+#: The secret's own text in a URL or connection string: after ``token=``, between
+#: ``user:`` and ``@``, after ``password=``.
+_SECRET_TEXT = re.compile(
+    r"(?P<before>;\s*token\s*=\s*|(?:^|\s)password\s*=\s*)(?P<secret>[^;\s]+)"
+    r"|(?P<user>://[^/@\s:]*:)(?P<password>[^/@\s]*)(?=@)",
+    re.IGNORECASE,
+)
+
+
+def masked(value: object) -> object:
+    """``value`` with any written secret replaced by ``***``: what validation errors show.
+
+    Dagster prints a refused value beside the error; a refused secret must not be.
+    """
+    if isinstance(value, str):
+        return _SECRET_TEXT.sub(lambda m: f"{m['before'] or m['user']}***", value)
+    return value
+
+
 def no_written_secret(value: str | FromEnv) -> str | FromEnv:
     if isinstance(value, str) and _SECRET_IN_URL.search(value):
         raise ValueError(
@@ -211,12 +230,75 @@ class TransformConfig(Frozen):
         return self
 
 
-class SinkConfig(Frozen):
+class SqliteSinkConfig(Frozen):
     kind: Literal["sqlite"] = Field(
         "sqlite", description="sqlite: an embedded database file, readable while written."
     )
     path: str = Field(description="The database file.")
     table: Identifier = Field(description="The results table.")
+
+    def describe(self) -> str:
+        return f"{self.path}:{self.table}"
+
+
+#: A libpq keyword/value setting that carries a secret: ``password=…``.
+_PASSWORD_SETTING = re.compile(r"(^|\s)password\s*=", re.IGNORECASE)
+
+
+def no_password(value: str | FromEnv) -> str | FromEnv:
+    if isinstance(value, str) and _PASSWORD_SETTING.search(value):
+        raise ValueError(
+            "holds a password; write {env: NAME} and set the environment variable NAME "
+            "to the connection string instead (or keep the password in ~/.pgpass or "
+            "PGPASSWORD), so it stays out of the file, the UI and the logs"
+        )
+    return no_written_secret(value)
+
+
+class PostgresSinkConfig(Frozen):
+    # ``schema`` is also a (deprecated) method of pydantic's BaseModel: the field is
+    # ``db_schema`` in Python and ``schema`` in YAML.
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    kind: Literal["postgres"] = Field(description="postgres: tables in a PostgreSQL database.")
+    dsn: Annotated[str | FromEnv, AfterValidator(no_password)] = Field(
+        description="libpq connection string or postgresql:// URL, without a password "
+        "(~/.pgpass or PGPASSWORD supply one); {env: NAME} reads it from that environment "
+        "variable when a run starts (needed when it carries a password)."
+    )
+    db_schema: Identifier = Field(
+        "public", alias="schema", description="Schema of the tables (created if missing)."
+    )
+    table: Identifier = Field(description="The results table.")
+
+    def describe(self) -> str:
+        where = self.dsn if isinstance(self.dsn, str) else f"${self.dsn.env}"
+        return f"{where}:{self.db_schema}.{self.table}"
+
+
+def _validated_by_kind(value: object) -> object:
+    """The sink validated as the model its ``kind`` names (``sqlite`` when left out).
+
+    Done here rather than by pydantic's tagged union, whose errors would name the tag
+    (``sink.sqlite.path``): these name the field as written (``sink.path``).
+    """
+    if isinstance(value, dict):
+        kinds: dict[object, type[Frozen]] = {
+            "sqlite": SqliteSinkConfig,
+            "postgres": PostgresSinkConfig,
+        }
+        model = kinds.get(value.get("kind", "sqlite"))
+        if model is not None:
+            return model.model_validate(value)
+    return value
+
+
+#: Where results and progress go; ``kind`` chooses.
+SinkConfig = Annotated[
+    SqliteSinkConfig | PostgresSinkConfig,
+    BeforeValidator(_validated_by_kind),
+    Field(discriminator="kind"),
+]
 
 
 class BacklogConfig(Frozen):
@@ -258,6 +340,12 @@ class RealtimeConfig(Frozen):
         gt=0,
         description="Read limit per micro-batch, so the first batch after the switch (which "
         "takes what arrived meanwhile) commits soon; null for no limit.",
+    )
+    checkpoint_location: str = Field(
+        "checkpoints",
+        description="Folder for the streaming query's checkpoint, one per run (removed when "
+        "the run ends; the sink, not the checkpoint, holds progress). A relative path "
+        "resolves under the data root.",
     )
 
 
@@ -301,6 +389,22 @@ class PipelineConfig(Frozen):
 
     # A refused spark_master may hold a secret: errors name the field, not the value.
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mask_written_secrets(cls, data: object) -> object:
+        """Settings that may carry a secret are validated masked: a written secret is
+        refused all the same, and the refusal shows ``***`` where Dagster shows the value
+        (it prints each refused value, whatever ``hide_input_in_errors`` says)."""
+        if not isinstance(data, dict):
+            return data
+        data = {**data}
+        if "spark_master" in data:
+            data["spark_master"] = masked(data["spark_master"])
+        sink = data.get("sink")
+        if isinstance(sink, dict) and "dsn" in sink:
+            data["sink"] = {**sink, "dsn": masked(sink["dsn"])}
+        return data
 
     name: Identifier = Field(description="The pipeline's name; prefixes its assets and jobs.")
     source: SourceConfig

@@ -33,7 +33,8 @@ class Partial:
 
 @dataclass(frozen=True)
 class Derived:
-    """A column computed from partials, as an SQL expression over stored columns."""
+    """A column computed from partials, as an SQL expression over stored columns (their
+    names quoted, so that it reads the same in every sink's SQL)."""
 
     name: str
     expression: str
@@ -82,6 +83,6 @@ def _split(aggregation: Aggregation) -> tuple[list[Partial], list[Derived]]:
         total, count = f"_{name}_sum", f"_{name}_count"
         return (
             [Partial(total, "sum", column, "add"), Partial(count, "count", column, "add")],
-            [Derived(name, f"CASE WHEN {count} > 0 THEN {total} * 1.0 / {count} END")],
+            [Derived(name, f'CASE WHEN "{count}" > 0 THEN "{total}" * 1.0 / "{count}" END')],
         )
     return [Partial(name, function, column, _MERGE[function])], []

@@ -19,10 +19,21 @@ from backlog_dagster.sink.base import (
 
 
 def open_sink(config: PipelineConfig) -> Sink:
-    """The pipeline's sink, opened (tables created if missing); close it after use."""
+    """The pipeline's sink, opened (tables created if missing); close it after use.
+
+    A connection string read from the environment is read now, in the process that
+    uses it (``pipeline.secrets``).
+    """
+    sink, layout = config.sink, layout_of(config.transform)
+    if sink.kind == "postgres":
+        from backlog_dagster.pipeline.secrets import resolve
+        from backlog_dagster.sink.postgres import PostgresSink
+
+        dsn = resolve(sink.dsn, "sink.dsn")
+        return PostgresSink(dsn, sink.db_schema, sink.table, config.name, layout, sink.describe())
     from backlog_dagster.sink.sqlite import SqliteSink
 
-    return SqliteSink(config.sink.path, config.sink.table, config.name, layout_of(config.transform))
+    return SqliteSink(sink.path, sink.table, config.name, layout)
 
 
 __all__ = [

@@ -74,6 +74,33 @@ class GenerationEnded(ProgressConflict):
 DEAD_LETTER_COLUMNS = ("bucket", "offset", "payload", "reason")
 
 
+def check_commit(
+    pipeline: str,
+    generation: int,
+    newest: int | None,
+    held: Mapping[int, int],
+    start: Mapping[int, int],
+    end: Mapping[int, int],
+) -> bool:
+    """Whether a commit from ``start`` to ``end`` in ``generation`` is to be made, given
+    the newest generation and the progress ``held``: False when exactly it was made
+    already; ``GenerationEnded`` or ``ProgressConflict`` when it must not be."""
+    if newest != generation:
+        raise GenerationEnded(
+            f"pipeline {pipeline}: generation {generation} was replaced by "
+            f"generation {newest}; this commit is not made"
+        )
+    if all(held.get(b) == offset for b, offset in end.items()) and start != end:
+        return False
+    stale = {b: (held.get(b), offset) for b, offset in start.items() if held.get(b) != offset}
+    if stale:
+        raise ProgressConflict(
+            f"pipeline {pipeline}: commit starts at offsets the sink does not hold "
+            f"(bucket: (held, commit start)) {stale}; another run may be writing"
+        )
+    return True
+
+
 class SinkUnreachable(RuntimeError):
     """The sink cannot be opened; the message names the field and what to check."""
 

@@ -30,10 +30,9 @@ from backlog_dagster.sink.base import (
     DEAD_LETTER_COLUMNS,
     BucketState,
     Generation,
-    GenerationEnded,
     PhaseChange,
-    ProgressConflict,
     SinkUnreachable,
+    check_commit,
 )
 
 _STATE_TABLES = (
@@ -396,11 +395,6 @@ class SqliteSink(PipelineState):
                 "SELECT max(generation) FROM backlog_generations WHERE pipeline = ?",
                 (self.pipeline,),
             ).fetchone()
-            if newest != generation:
-                raise GenerationEnded(
-                    f"pipeline {self.pipeline}: generation {generation} was replaced by "
-                    f"generation {newest}; this commit is not made"
-                )
             held = dict(
                 self._db.execute(
                     "SELECT bucket, reached FROM backlog_buckets "
@@ -408,16 +402,8 @@ class SqliteSink(PipelineState):
                     (self.pipeline, generation),
                 ).fetchall()
             )
-            if all(held.get(b) == offset for b, offset in end.items()) and start != end:
+            if not check_commit(self.pipeline, generation, newest, held, start, end):
                 return False
-            stale = {
-                b: (held.get(b), offset) for b, offset in start.items() if held.get(b) != offset
-            }
-            if stale:
-                raise ProgressConflict(
-                    f"pipeline {self.pipeline}: commit starts at offsets the sink does not hold "
-                    f"(bucket: (held, commit start)) {stale}; another run may be writing"
-                )
             self._merge(results)
             if late is not None and late.num_rows:
                 columns = ("bucket", "offset", "event_time", "watermark")
