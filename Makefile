@@ -12,8 +12,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 
+# `make demo ARGS=--postgres`: results and Dagster's storage in the local PostgreSQL.
 demo: $(STAMP)
-	$(BIN)/backlog-dagster demo
+	$(BIN)/backlog-dagster demo $(ARGS)
 
 test: lint
 	$(BIN)/pytest -n 2

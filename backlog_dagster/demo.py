@@ -10,6 +10,7 @@ the UI does, stops everything, and prints the results' top rows and the switch g
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import threading
@@ -22,7 +23,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from backlog_dagster.components.dev_server import dagster_dev
+from backlog_dagster.components.dev_server import (
+    POSTGRES_INSTANCE,
+    copy_project,
+    dagster_dev,
+    on_postgres,
+    postgres_url,
+)
 from backlog_dagster.components.pipeline import with_paths_under
 from backlog_dagster.log.cli import progress_bar
 from backlog_dagster.log.topic import Topic, create_topic
@@ -43,6 +50,8 @@ if TYPE_CHECKING:
 console = Console(soft_wrap=True)
 PIPELINES = ("customer_totals", "region_minutes")
 EXAMPLE_DEFS = Path("definitions") / "defs"
+#: The database ``--postgres`` (re)creates for the demo, and the variable its sinks read.
+DEMO_DATABASE, DEMO_DSN_ENV = "backlog_dagster_demo", "BACKLOG_DAGSTER_DEMO_DSN"
 
 
 @click.command("demo")
@@ -75,8 +84,24 @@ EXAMPLE_DEFS = Path("definitions") / "defs"
     show_default=True,
     help="Where the demo keeps its log, results and Dagster home.",
 )
+@click.option(
+    "--postgres",
+    "postgres",
+    is_flag=False,
+    flag_value="host=127.0.0.1 port=5432 user=postgres dbname=postgres",
+    default=None,
+    metavar="[CONNINFO]",
+    help="Keep the results and Dagster's own storage in PostgreSQL: the demo (re)creates "
+    f"the database {DEMO_DATABASE} on the server CONNINFO names (default: the local one, "
+    "as user postgres).",
+)
 def demo(
-    records: int, buckets: int, live_rate: float, realtime_seconds: float, data_dir: Path
+    records: int,
+    buckets: int,
+    live_rate: float,
+    realtime_seconds: float,
+    data_dir: Path,
+    postgres: str | None,
 ) -> None:
     """Backlog → switch → realtime, through Dagster's daemon and sensors."""
     if not Path("workspace.yaml").exists():
@@ -101,13 +126,16 @@ def demo(
     )
     producer.start()
 
+    project, home = Path.cwd(), data_dir / "dagster_home"
+    if postgres is not None:
+        project = _on_postgres(postgres, data_dir / "project", home)
     pipelines = {
-        name: with_paths_under(load_pipeline(EXAMPLE_DEFS / name / "defs.yaml"), data_dir)
+        name: with_paths_under(load_pipeline(project / EXAMPLE_DEFS / name / "defs.yaml"), data_dir)
         for name in PIPELINES
     }
     started = time.monotonic()
     try:
-        with dagster_dev(Path.cwd(), data_dir / "dagster_home", data_dir) as server:
+        with dagster_dev(project, home, data_dir) as server:
             console.print(f"[dim]{0:6.1f}s[/] dagster dev up on {server.url} (log: {server.log})")
             timeline = Timeline(
                 pipelines, data_dir, data_dir / "dagster_home", server.port, started
@@ -117,6 +145,35 @@ def demo(
         stop_producer.set()
         producer.join(30)
     _summary(pipelines, lags)
+
+
+def _on_postgres(conninfo: str, project: Path, home: Path) -> Path:
+    """A copy of the example whose sinks are PostgreSQL ones (schema ``example``) in a new
+    database on the server ``conninfo`` names, and a Dagster home whose instance keeps
+    its storage there too. The connection strings go to the environment only."""
+    import psycopg
+
+    try:
+        with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {DEMO_DATABASE} WITH (FORCE)")
+            admin.execute(f"CREATE DATABASE {DEMO_DATABASE}")
+    except psycopg.Error as error:
+        raise click.ClickException(
+            f"--postgres: cannot create the database {DEMO_DATABASE} ({type(error).__name__}); "
+            "check that the server runs and that the connection string names a user who "
+            "may create databases"
+        ) from None
+    demo_database = psycopg.conninfo.make_conninfo(conninfo, dbname=DEMO_DATABASE)
+    os.environ[DEMO_DSN_ENV] = demo_database
+    os.environ["DAGSTER_POSTGRES_URL"] = postgres_url(demo_database)
+    copy_project(Path.cwd(), project, on_postgres("example", DEMO_DSN_ENV))
+    home.mkdir(parents=True)
+    shutil.copy(POSTGRES_INSTANCE, home / "dagster.yaml")
+    console.print(
+        f"results and Dagster's storage in PostgreSQL database {DEMO_DATABASE} "
+        f"(results in schema example; read them with psql -d {DEMO_DATABASE})"
+    )
+    return project
 
 
 def _produce(topic_dir: Path, rate: float, first_id: int, stop: threading.Event) -> None:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import shutil
+import contextlib
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
+import dagster as dg
 from dagster_graphql import DagsterGraphQLClient
 
 from backlog_dagster.components import dev_server
@@ -38,16 +40,17 @@ def wait_for_run(client: DagsterGraphQLClient, run_id: str, timeout: float = 600
 def copy_example(project: Path, edit: Callable[[dict[str, Any]], bool]) -> None:
     """Copy the example project to ``project``; ``edit`` changes each pipeline's attributes
     in place, and returns False to leave that pipeline out."""
-    shutil.copytree(
-        ROOT / "definitions",
-        project / "definitions",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    for name in ("workspace.yaml", "pyproject.toml"):  # dg finds the project by the latter
-        shutil.copy(ROOT / name, project / name)
-    for defs in (project / "definitions" / "defs").glob("*/defs.yaml"):
-        document = yaml.safe_load(defs.read_text())
-        if edit(document["attributes"]):
-            defs.write_text(yaml.safe_dump(document, sort_keys=False))
-        else:
-            shutil.rmtree(defs.parent)
+    dev_server.copy_project(ROOT, project, edit)
+
+
+def kill_run_worker(instance: dg.DagsterInstance, run_id: str) -> None:
+    """SIGKILL every process that logged events for ``run_id``: run worker and step."""
+    pids = {
+        entry.dagster_event.pid
+        for entry in instance.all_logs(run_id)
+        if entry.dagster_event is not None and entry.dagster_event.pid
+    }
+    assert pids, f"no process logged for {run_id}"
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

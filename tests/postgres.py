@@ -3,17 +3,33 @@ per test, dropped afterwards."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 
 #: The server on loopback (trust authentication for local users on this kind of machine).
 SERVER = "host=127.0.0.1 port=5432 user=postgres"
+
+
+def _bin() -> Path:
+    found = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=True)
+    return Path(found.stdout.strip())
+
+
+def _as_postgres() -> list[str]:
+    """PostgreSQL refuses to run as root: as root, run its programs as ``postgres``."""
+    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
 
 def ensure_server(timeout: float = 60) -> None:
@@ -51,3 +67,78 @@ def fresh_database(server: str = SERVER) -> Iterator[str]:
     finally:
         with psycopg.connect(f"{server} dbname=postgres", autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@dataclass(frozen=True)
+class PrivateServer:
+    """A PostgreSQL server of the test's own (its own data folder and port), which the
+    test may restart without disturbing other tests."""
+
+    folder: Path
+    port: int
+
+    @property
+    def dsn(self) -> str:
+        return f"host=127.0.0.1 port={self.port} user=postgres"
+
+    def pg_ctl(self, *arguments: str) -> None:
+        subprocess.run(
+            [*_as_postgres(), str(_bin() / "pg_ctl"), "-D", str(self.folder / "data"), *arguments],
+            check=True,
+            capture_output=True,
+        )
+
+    def restart(self) -> None:
+        """Stop (fast: every connection is ended) and start again."""
+        self.pg_ctl("-m", "fast", "-w", "-l", str(self.folder / "server.log"), "restart")
+
+    @property
+    def _options(self) -> str:
+        return (
+            f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 "
+            "-c fsync=off -c max_connections=200"
+        )
+
+
+@contextmanager
+def private_server() -> Iterator[PrivateServer]:
+    """``initdb`` a new cluster in a folder of its own, start it on a free port, and
+    remove it all afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="backlog-dagster-pg-"))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    server = PrivateServer(folder, port)
+    if os.geteuid() == 0:
+        shutil.chown(folder, "postgres")
+    try:
+        initdb = [str(_bin() / "initdb"), "-D", str(folder / "data"), "-A", "trust"]
+        subprocess.run(
+            [*_as_postgres(), *initdb, "-U", "postgres", "--no-sync"],
+            check=True,
+            capture_output=True,
+        )
+        server.pg_ctl("-w", "-l", str(folder / "server.log"), "-o", server._options, "start")
+        yield server
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            server.pg_ctl("-m", "immediate", "stop")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def wait_for_blocked_merge(dsn: str, table: str, timeout: float = 120) -> int:
+    """The backend whose merge into ``table`` waits for a lock another session holds on
+    it: its bulk load is done, its merge not. Returns the backend's process id."""
+    deadline = time.monotonic() + timeout
+    # Autocommit: each look reads the activity afresh (a transaction keeps one snapshot).
+    with psycopg.connect(dsn, autocommit=True) as watcher:
+        while time.monotonic() < deadline:
+            row = watcher.execute(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE %s AND datname = current_database()",
+                (f'INSERT INTO %"{table}" AS held%ON CONFLICT%',),
+            ).fetchone()
+            if row is not None:
+                return int(row[0])
+            time.sleep(0.05)
+    raise TimeoutError(f"no commit waited on its merge into {table}")

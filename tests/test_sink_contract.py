@@ -19,6 +19,7 @@ import pytest
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import GenerationEnded, ProgressConflict, open_sink
 from tests.pipelines import CUSTOMER_TOTALS, REGION_MINUTES, pipeline
+from tests.postgres import wait_for_blocked_merge
 
 PACKAGE = Path(__file__).resolve().parent.parent / "backlog_dagster"
 
@@ -297,7 +298,7 @@ def test_postgres_commit_survives_its_connection_terminated_mid_commit(
                 target=lambda: committed.append(sink.commit(generation, {0: 1}, {0: 3}, first))
             )
             thread.start()
-            pid = wait_for_blocked_merge(postgres_dsn)
+            pid = wait_for_blocked_merge(postgres_dsn, "customer_totals")
             blocker.execute("SELECT pg_terminate_backend(%s)", (pid,))
             time.sleep(0.5)
             blocker.rollback()  # lets go of the table: the retried commit goes through
@@ -307,22 +308,6 @@ def test_postgres_commit_survives_its_connection_terminated_mid_commit(
         assert row["orders"] == 2
         held = sink.current_generation()
         assert held is not None and held.buckets[0].reached == 3
-
-
-def wait_for_blocked_merge(dsn: str, timeout: float = 60) -> int:
-    """The backend whose merge waits for a lock on the results: its bulk load is done."""
-    deadline = time.monotonic() + timeout
-    # Autocommit: each look reads the activity afresh (a transaction keeps one snapshot).
-    with psycopg.connect(dsn, autocommit=True) as watcher:
-        while time.monotonic() < deadline:
-            row = watcher.execute(
-                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE 'INSERT INTO%ON CONFLICT%' AND datname = current_database()"
-            ).fetchone()
-            if row is not None:
-                return int(row[0])
-            time.sleep(0.05)
-    raise TimeoutError("no commit waited on its merge")
 
 
 def test_postgres_password_is_in_no_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

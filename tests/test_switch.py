@@ -20,7 +20,7 @@ from dagster_graphql import DagsterGraphQLClient
 from backlog_dagster.components.dev_server import process_kind, processes_under
 from backlog_dagster.log import Topic
 from tests.conftest import MakeTopic, append_orders
-from tests.dagster_server import dagster_dev, wait_for_run
+from tests.dagster_server import dagster_dev, kill_run_worker, wait_for_run
 from tests.pipelines import assert_example_customer_totals, assert_example_region_minutes
 
 
@@ -51,19 +51,6 @@ def wait_until(condition, timeout: float, what: str, tick=None) -> None:  # type
         if tick is not None:
             tick()
         time.sleep(1)
-
-
-def kill_run_worker(instance: dg.DagsterInstance, run_id: str) -> None:
-    """SIGKILL every process that logged events for ``run_id``: run worker and step."""
-    pids = {
-        entry.dagster_event.pid
-        for entry in instance.all_logs(run_id)
-        if entry.dagster_event is not None and entry.dagster_event.pid
-    }
-    assert pids, f"no process logged for {run_id}"
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def observations(instance: dg.DagsterInstance, asset: str, having: str) -> list[Any]:

@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from backlog_dagster.components.pipeline import DATA_ENV
+
+#: Dagster's run, event-log and schedule storage on PostgreSQL (dagster-postgres), its
+#: server named by ``DAGSTER_POSTGRES_URL``; copy it to ``$DAGSTER_HOME/dagster.yaml``.
+POSTGRES_INSTANCE = Path("deploy") / "dagster-postgres.yaml"
 
 
 @dataclass(frozen=True)
@@ -131,6 +139,59 @@ def process_kind(pid: int) -> str:
         if needle in command:
             return kind
     return "dagster_dev"
+
+
+def postgres_url(conninfo: str) -> str:
+    """A libpq connection string as the URL ``POSTGRES_INSTANCE`` reads.
+
+    It names the psycopg2 driver: dagster-postgres is written for it, and SQLAlchemy
+    2.1 would otherwise pick psycopg 3 (installed for the sink), whose server-side
+    parameters Dagster's ``NOTIFY`` statements do not take.
+    """
+    from urllib.parse import quote
+
+    import psycopg
+
+    parts = psycopg.conninfo.conninfo_to_dict(conninfo)
+    user = quote(str(parts.get("user") or os.environ.get("USER", "postgres")))
+    password = f":{quote(str(parts['password']))}" if parts.get("password") else ""
+    host = parts.get("host") or "localhost"
+    return f"postgresql+psycopg2://{user}{password}@{host}:{parts.get('port') or 5432}/{parts['dbname']}"
+
+
+def copy_project(project: Path, target: Path, edit: Callable[[dict[str, Any]], bool]) -> None:
+    """Copy ``project`` (its definitions, workspace and pyproject) to ``target``; ``edit``
+    changes each pipeline's attributes in place, and returns False to leave it out."""
+    shutil.copytree(
+        project / "definitions",
+        target / "definitions",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    for name in ("workspace.yaml", "pyproject.toml"):  # dg finds the project by the latter
+        shutil.copy(project / name, target / name)
+    for defs in (target / "definitions" / "defs").glob("*/defs.yaml"):
+        document = yaml.safe_load(defs.read_text())
+        if edit(document["attributes"]):
+            defs.write_text(yaml.safe_dump(document, sort_keys=False))
+        else:
+            shutil.rmtree(defs.parent)
+
+
+def on_postgres(table_schema: str, dsn_env: str) -> Callable[[dict[str, Any]], bool]:
+    """An ``edit`` for ``copy_project``: each pipeline's sink becomes a PostgreSQL one in
+    ``table_schema``, its connection string read from ``dsn_env``."""
+
+    def edit(attributes: dict[str, Any]) -> bool:
+        table = attributes["sink"]["table"]
+        attributes["sink"] = {
+            "kind": "postgres",
+            "dsn": {"env": dsn_env},
+            "schema": table_schema,
+            "table": table,
+        }
+        return True
+
+    return edit
 
 
 def _wait_until_up(server: DevServer, process: subprocess.Popen[bytes], timeout: float) -> None:
