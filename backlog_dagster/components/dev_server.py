@@ -155,8 +155,8 @@ def postgres_url(conninfo: str) -> str:
     parts = psycopg.conninfo.conninfo_to_dict(conninfo)
     user = quote(str(parts.get("user") or os.environ.get("USER", "postgres")))
     password = f":{quote(str(parts['password']))}" if parts.get("password") else ""
-    host = parts.get("host") or "localhost"
-    return f"postgresql+psycopg2://{user}{password}@{host}:{parts.get('port') or 5432}/{parts['dbname']}"
+    host, port = parts.get("host") or "localhost", parts.get("port") or 5432
+    return f"postgresql+psycopg2://{user}{password}@{host}:{port}/{parts['dbname']}"
 
 
 def copy_project(project: Path, target: Path, edit: Callable[[dict[str, Any]], bool]) -> None:
