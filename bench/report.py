@@ -64,14 +64,28 @@ def write_plot(figures: dict[str, Any], path: Path) -> None:
 
 def write_markdown(figures: dict[str, Any], stem: Path, benchmarks: Path) -> None:
     """Replace the generated part of ``benchmarks`` (or append it) with this run's tables."""
+    replace_section(benchmarks, BEGIN, END, _markdown(figures, stem))
+
+
+def replace_section(benchmarks: Path, begin: str, end: str, body: str) -> None:
+    """Put ``body`` between the lines ``begin`` and ``end`` of ``benchmarks`` (appended
+    with them when they are not there yet); the rest of the file stays as it is."""
     text = benchmarks.read_text() if benchmarks.exists() else "# Benchmarks\n"
-    section = "\n".join([BEGIN, _markdown(figures, stem), END])
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
+    section = "\n".join([begin, body, end])
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + section + rest.split(end, 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     benchmarks.write_text(text)
+
+
+def machine_line(machine: dict[str, Any]) -> str:
+    """The machine a run was on, as the reports say it."""
+    return (
+        f"{machine['cpus']} cores, {machine['memory_mib'] // 1024} GiB, "
+        f"PySpark {machine['pyspark']}, Dagster {machine['dagster']}"
+    )
 
 
 def _markdown(figures: dict[str, Any], stem: Path) -> str:
@@ -83,8 +97,7 @@ def _markdown(figures: dict[str, Any], stem: Path) -> str:
         "",
         f"Reproduce: `.venv/bin/python bench/run.py --size {figures['preset']}` (presets: "
         "small, default, reference). Latest run: "
-        f"{figures['date']}, {machine['cpus']} cores, {machine['memory_mib'] // 1024} GiB, "
-        f"PySpark {machine['pyspark']}, Dagster {machine['dagster']}; it took "
+        f"{figures['date']}, {machine_line(machine)}; it took "
         f"{figures['bench_seconds'] / 60:.1f} minutes. Raw figures: "
         f"`bench/results/{stem.name}.json`; plot: `bench/results/{stem.name}.png`.",
         "",

@@ -235,6 +235,25 @@ class PostgresSink:
     # -- tables -------------------------------------------------------------------------
 
     def _create_tables(self) -> None:
+        """The schema and tables, unless they are all there: a sink opened every sensor
+        tick then takes no lock, and needs no right to create anything."""
+        tables = [
+            "backlog_generations",
+            "backlog_buckets",
+            "backlog_commits",
+            "backlog_heartbeats",
+            "backlog_phases",
+            "backlog_skips",
+            self.dead_letter_table,
+            *([self.late_table] if self.windowed else []),
+        ]
+        row = self._db.execute(
+            "SELECT bool_and(to_regclass(format('%%I.%%I', %s::text, name)) IS NOT NULL) "
+            "FROM unnest(%s::text[]) AS name",
+            (self.schema, tables),
+        ).fetchone()
+        if row is not None and row[0]:
+            return
         schema = sql.Identifier(self.schema)
         with self._writing() as cursor:
             cursor.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
