@@ -32,13 +32,53 @@ os.environ.setdefault(
 )
 
 
+#: The modules whose tests run the example project under `dagster dev` (each marked
+#: ``dagster_dev``; ``pytest_collection_modifyitems`` checks the two agree).
+DAGSTER_DEV_MODULES = ("tests/test_crash.py", "tests/test_postgres.py", "tests/test_switch.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The two tests under `dagster dev` first. `make test` runs two pytest-xdist
-    workers, and xdist hands each its first tests in chunks of at least two in this
-    order: the pair runs on one worker, one after the other (their Spark drivers
-    together would drown two cores), while the short tests run on the other. (Its
-    ``xdist_group`` mark would say so outright, but does not group under pytest 9.)"""
+    """The tests under `dagster dev` first (see ``pytest_xdist_make_scheduler``)."""
+    marked = {i.nodeid.split("::")[0] for i in items if i.get_closest_marker("dagster_dev")}
+    assert marked <= set(DAGSTER_DEV_MODULES), f"add {marked} to DAGSTER_DEV_MODULES"
     items.sort(key=lambda item: item.get_closest_marker("dagster_dev") is None)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`make test` runs two pytest-xdist workers: the tests under `dagster dev` all go to
+    the first, one after the other, and the rest to the other (and to the first once it
+    is done with those). Two `dagster dev` sessions at once, each with its Spark drivers,
+    drown two cores: 25 minutes instead of about 16 when xdist's own load scheduling
+    (chunks of two) put them on both. (Its ``xdist_group`` mark would say so, but does
+    not group under pytest 9.)"""
+    from xdist.scheduler import LoadScheduling
+
+    class DagsterDevOnOneWorker(LoadScheduling):
+        def schedule(self) -> None:
+            if self.collection is not None or not self._check_nodes_have_same_collection():
+                super().schedule()
+                return
+            self.collection = next(iter(self.node2collection.values()))
+            heavy = [
+                i
+                for i, nodeid in enumerate(self.collection)
+                if nodeid.split("::")[0] in DAGSTER_DEV_MODULES
+            ]
+            if not heavy or len(self.nodes) < 2:
+                self.collection = None
+                super().schedule()
+                return
+            if self.maxschedchunk is None:
+                self.maxschedchunk = len(self.collection)
+            light = [i for i in range(len(self.collection)) if i not in heavy]
+            first, *others = self.nodes
+            self.pending[:] = heavy
+            self._send_tests(first, len(heavy))
+            self.pending[:] = light
+            for node in others:
+                self._send_tests(node, max(2, len(light) // len(self.nodes) // 4))
+
+    return DagsterDevOnOneWorker(config, log)
 
 
 @pytest.fixture(scope="session")
