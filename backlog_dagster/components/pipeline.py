@@ -102,13 +102,13 @@ def refuse_misfit(config: PipelineConfig, context: dg.ComponentLoadContext) -> N
     from pydantic import ValidationError
     from pydantic_core import InitErrorDetails
 
-    from backlog_dagster.log import Topic, TopicError
     from backlog_dagster.phases.transform import source_problems
+    from backlog_dagster.source import SourceError, open_source
 
     try:
-        with Topic(config.source.path) as topic:
+        with open_source(config) as topic:
             problems = source_problems(config, topic)
-    except TopicError:
+    except SourceError:
         return
     if not problems:
         return
@@ -193,7 +193,6 @@ def user_error_types() -> tuple[type[Exception], ...]:
     """Mistakes the user can fix (config against the source, bad record, truncated log,
     missing topic, unreachable sink, unset setting, state of another definition, a run
     already going): reported as a message naming the file, not a stack trace."""
-    from backlog_dagster.log import TopicError
     from backlog_dagster.phases.bad_records import BadRecord
     from backlog_dagster.phases.lock import PhaseAlreadyRunning
     from backlog_dagster.phases.markers import DefinitionChanged
@@ -201,6 +200,7 @@ def user_error_types() -> tuple[type[Exception], ...]:
     from backlog_dagster.phases.truncation import LogTruncated
     from backlog_dagster.pipeline.secrets import SettingUnset
     from backlog_dagster.sink import SinkUnreachable
+    from backlog_dagster.source import SourceError
 
     return (
         BadRecord,
@@ -209,7 +209,7 @@ def user_error_types() -> tuple[type[Exception], ...]:
         PhaseAlreadyRunning,
         SettingUnset,
         SinkUnreachable,
-        TopicError,
+        SourceError,
         TransformError,
     )
 

@@ -35,12 +35,12 @@ from typing import Any
 
 import dagster as dg
 
-from backlog_dagster.log import Topic, TopicError
 from backlog_dagster.phases.lag import watermark_lag
 from backlog_dagster.phases.markers import continue_backlog, current_generation, extend_markers
 from backlog_dagster.phases.policy import FLAP_WINDOW_S, decide, flapping, way_backs
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation, PhaseChange, Sink, open_sink
+from backlog_dagster.source import SourceError, open_source
 
 #: A run whose own code failed within this long of its start is restarted no sooner
 #: than this after it ended, so a persistent failure (a missing topic, say) does not
@@ -187,12 +187,12 @@ def _markers(
     if generation is not None:
         return generation, ""
     try:
-        with Topic(config.source.path) as topic:
+        with open_source(config) as topic:
             problems = source_problems(config, topic)
             if problems:
                 return None, "; ".join(str(p) for p in problems)
             return current_generation(sink, topic, config, context.log.info), ""
-    except (TopicError, OSError, ValueError) as error:
+    except (SourceError, OSError, ValueError) as error:
         context.log.warning(f"{config.name}: no markers yet: {error}")
         return None, ""
 
@@ -261,7 +261,7 @@ def _decide(
 ) -> Generation:
     """Apply the phase policy; returns the generation, a new one if it went back."""
     threshold = config.backlog.watermark_lag_threshold
-    with Topic(config.source.path) as topic:
+    with open_source(config) as topic:
         lag = None if threshold is None else watermark_lag(generation, topic, config, now)
         lag_s = None if lag is None else lag.seconds
         phase = sink.phase()

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Union
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from backlog_dagster.source.base import Arrivals
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -71,18 +73,6 @@ class BucketBounds:
     @property
     def records(self) -> int:
         return self.latest - self.earliest
-
-
-@dataclass(frozen=True)
-class Arrivals:
-    """A bucket's appends from some moment on, for event time as of arrival."""
-
-    #: The latest record time (µs) among records appended before the moment; None if none.
-    max_time_before_us: int | None
-    #: When the last append before the moment happened; None if none.
-    last_append_before: float | None
-    #: ``(appended at, latest record time among that append's records)``, in time order.
-    appends: list[tuple[float, int]]
 
 
 class Bucket:

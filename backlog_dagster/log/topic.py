@@ -4,9 +4,8 @@ The topic's own metadata (schema, timestamp column, payload kind, the list of bu
 lives in ``topic.sqlite`` beside the bucket files, so adding buckets is one transaction
 that any reader sees on its next ``buckets()`` call: that is how readers discover them.
 
-The API is the one a Kafka or Fluss connector can implement later: list buckets,
-earliest and latest offset per bucket, read a range as Arrow, offset for a timestamp,
-append.
+A topic is the embedded log's implementation of the ``Source`` contract
+(``backlog_dagster.source``), plus what only the log does: append, add buckets.
 """
 
 from __future__ import annotations
@@ -16,31 +15,27 @@ import time
 from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from backlog_dagster.log.bucket import Arrivals, Bucket, BucketBounds, Records
 from backlog_dagster.log.schema import TIMESTAMP, SchemaError
+from backlog_dagster.source.base import Payload, SourceError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.readwriter import DataFrameReader
+    from pyspark.sql.streaming import DataStreamReader
 
 _METADATA_FILE = "topic.sqlite"
-
-
-class Payload(StrEnum):
-    """How a topic stores its records."""
-
-    #: Typed columns, as declared when the topic was created.
-    ARROW = "arrow"
-    #: One JSON text per record in a ``value`` column, parsed by the reader against the
-    #: schema the reader declares; records that do not parse are reported, not fatal.
-    JSON = "json"
 
 
 JSON_VALUE_COLUMN = "value"
 
 
-class TopicError(RuntimeError):
+class TopicError(SourceError):
     """A topic that is missing, already exists, or is asked for something it lacks."""
 
 
@@ -164,6 +159,16 @@ class Topic:
                     "INSERT INTO buckets (id, created_at) VALUES (?, ?)", (bucket_id, time.time())
                 )
         return new_ids
+
+    def batch_reader(self, spark: SparkSession) -> DataFrameReader:
+        from backlog_dagster.spark.source import FORMAT
+
+        return spark.read.format(FORMAT).option("path", str(self.path))
+
+    def stream_reader(self, spark: SparkSession) -> DataStreamReader:
+        from backlog_dagster.spark.source import FORMAT
+
+        return spark.readStream.format(FORMAT).option("path", str(self.path))
 
     def close(self) -> None:
         for bucket in self._buckets.values():

@@ -33,7 +33,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from backlog_dagster.log import Topic
 from backlog_dagster.phases.bad_records import Aggregated, collect, refuse_bad_records
 from backlog_dagster.phases.lock import exclusive_run
 from backlog_dagster.phases.markers import current_generation, extend_markers
@@ -46,10 +45,12 @@ from backlog_dagster.phases.transform import (
 from backlog_dagster.phases.truncation import handle_truncation, removed_unread
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import BucketState, Generation, Sink
-from backlog_dagster.spark.source import FORMAT, share_read_limit
+from backlog_dagster.source import Source, open_source
+from backlog_dagster.spark.source import share_read_limit
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.readwriter import DataFrameReader
 
 #: Rate assumed for sizing the first chunk, before one has been measured (records/s).
 FIRST_CHUNK_RATE = 1_000_000
@@ -117,14 +118,14 @@ def _run_backlog(
         config.backlog.checkpoint_interval if checkpoint_interval is None else checkpoint_interval
     )
     started = time.monotonic()
-    with Topic(config.source.path) as topic:
+    with open_source(config) as topic:
         check_against_source(config, topic)
         generation = current_generation(sink, topic, config, log)
         generation, skipped = _past_removed(sink, topic, config, generation, log)
     report = BacklogReport(generation.number, skipped_records=skipped)
     while True:
         generation = _read_to_markers(spark, config, sink, generation, interval, report, log)
-        with Topic(config.source.path) as topic:
+        with open_source(config) as topic:
             extended = extend_markers(sink, topic, config, log)
         if extended is None:
             break
@@ -169,7 +170,7 @@ def _read_to_markers(
             aggregated, event_times = _aggregate(spark, config, start, end)
         except Exception:
             # A range may have vanished under the job (retention): say so, or skip it.
-            with Topic(config.source.path) as topic:
+            with open_source(config) as topic:
                 if not removed_unread(generation, topic):
                     raise
                 generation, skipped = _past_removed(sink, topic, config, generation, log)
@@ -202,7 +203,7 @@ def _read_to_markers(
                 f"backlog: {aggregated.dead_letters.num_rows:,} bad record(s) in this chunk "
                 f"went to {config.sink.table}_dead_letters"
             )
-        with Topic(config.source.path) as topic:
+        with open_source(config) as topic:
             generation, skipped = _past_removed(sink, topic, config, generation, log)
         report.skipped_records += skipped
     return generation
@@ -214,7 +215,7 @@ def _left(generation: Generation) -> int:
 
 def _past_removed(
     sink: Sink,
-    topic: Topic,
+    topic: Source,
     config: PipelineConfig,
     generation: Generation,
     log: Callable[[str], None],
@@ -234,8 +235,8 @@ def _aggregate(
     blob index for free; otherwise the Spark job observes it (which costs a good part
     of the aggregation's time, measured: about half again).
     """
-    with Topic(config.source.path) as topic:
-        records = _read(spark, config, read_schema(config, topic), start, end)
+    with open_source(config) as topic:
+        records = _read(topic.batch_reader(spark), read_schema(config, topic), start, end)
         by_log = topic.timestamp_column == config.source.event_time
         if by_log:
             event_times = {b: topic.max_record_time(b, start[b], end[b]) for b in start}
@@ -247,16 +248,13 @@ def _aggregate(
 
 
 def _read(
-    spark: SparkSession,
-    config: PipelineConfig,
+    reader: DataFrameReader,
     schema: str | None,
     start: dict[int, int],
     end: dict[int, int],
 ) -> DataFrame:
     reader = (
-        spark.read.format(FORMAT)
-        .option("path", config.source.path)
-        .option("buckets", ",".join(str(b) for b in sorted(start)))
+        reader.option("buckets", ",".join(str(b) for b in sorted(start)))
         .option("startingOffsets", json.dumps({str(b): o for b, o in start.items()}))
         .option("endingOffsets", json.dumps({str(b): o for b, o in end.items()}))
     )

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backlog_dagster.log import Topic
 from backlog_dagster.phases.watermark import BucketClock, combine
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation
+from backlog_dagster.source import Source
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Lag:
         return f"watermark lag {self.seconds:,.1f} s"
 
 
-def watermark_lag(generation: Generation, topic: Topic, config: PipelineConfig, now: float) -> Lag:
+def watermark_lag(generation: Generation, topic: Source, config: PipelineConfig, now: float) -> Lag:
     """The pipeline's watermark lag at Unix time ``now``."""
     bounds = topic.bounds()
     clocks = {}

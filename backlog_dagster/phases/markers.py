@@ -21,11 +21,11 @@ import json
 import time
 from collections.abc import Callable
 
-from backlog_dagster.log import Topic
 from backlog_dagster.phases.lag import watermark_lag
 from backlog_dagster.phases.policy import lag_says_backlog
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation, Sink
+from backlog_dagster.source import Source
 
 
 class DefinitionChanged(RuntimeError):
@@ -47,7 +47,7 @@ def definition_of(config: PipelineConfig) -> str:
     )
 
 
-def take_markers(topic: Topic, config: PipelineConfig) -> dict[int, tuple[int, int]]:
+def take_markers(topic: Source, config: PipelineConfig) -> dict[int, tuple[int, int]]:
     """``{bucket: (start offset, marker)}`` from the log as it is now."""
     bounds = topic.bounds()
     start = config.source.start
@@ -76,7 +76,7 @@ def take_markers(topic: Topic, config: PipelineConfig) -> dict[int, tuple[int, i
 
 
 def current_generation(
-    sink: Sink, topic: Topic, config: PipelineConfig, log: Callable[[str], None]
+    sink: Sink, topic: Source, config: PipelineConfig, log: Callable[[str], None]
 ) -> Generation:
     """The pipeline's markers: taken now if it never started (or its definition changed
     before anything was committed), else as stored."""
@@ -118,7 +118,7 @@ def current_generation(
 
 
 def reset(
-    sink: Sink, topic: Topic, config: PipelineConfig, reason: str, log: Callable[[str], None]
+    sink: Sink, topic: Source, config: PipelineConfig, reason: str, log: Callable[[str], None]
 ) -> Generation:
     """Start over: new markers at the log's end, results cleared."""
     generation = sink.start_generation(take_markers(topic, config), reason, definition_of(config))
@@ -131,7 +131,7 @@ def reset(
 
 def continue_backlog(
     sink: Sink,
-    topic: Topic,
+    topic: Source,
     config: PipelineConfig,
     reason: str,
     lag_s: float | None,
@@ -149,7 +149,7 @@ def continue_backlog(
 
 
 def extend_markers(
-    sink: Sink, topic: Topic, config: PipelineConfig, log: Callable[[str], None]
+    sink: Sink, topic: Source, config: PipelineConfig, log: Callable[[str], None]
 ) -> Generation | None:
     """New markers at the log's end when every bucket reached its markers but the lag holds.
 

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from backlog_dagster.log import TIMESTAMP, Topic
+from backlog_dagster.log.schema import TIMESTAMP
 from backlog_dagster.phases.bad_records import BadRecord, collect, refuse_bad_records
 from backlog_dagster.phases.lag import lateness_us, watermark_lag
 from backlog_dagster.phases.lock import exclusive_run
@@ -57,12 +57,12 @@ from backlog_dagster.phases.truncation import handle_truncation, removed_unread
 from backlog_dagster.phases.watermark import arrival_watermarks, judged_by_arrival
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation, GenerationEnded, Sink
+from backlog_dagster.source import open_source
 from backlog_dagster.spark.records import APPENDED_COLUMN, BUCKET_COLUMN, OFFSET_COLUMN
-from backlog_dagster.spark.source import FORMAT
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming import DataStreamReader, StreamingQuery
 
 
 class BacklogNotFinished(RuntimeError):
@@ -139,7 +139,7 @@ def _run_realtime(
     checkpoint_interval: float | None,
     shuffle_partitions: int | None,
 ) -> RealtimeStatus:
-    with Topic(config.source.path) as topic:
+    with open_source(config) as topic:
         check_against_source(config, topic)
         schema = read_schema(
             config,
@@ -148,6 +148,8 @@ def _run_realtime(
         )
         generation = current_generation(sink, topic, config, log)
         generation = handle_truncation(sink, topic, config, generation, log)
+        # A new reader each time the query (re)starts below.
+        new_stream_reader = topic.stream_reader
     if not generation.finished and config.backlog.boundary == "markers":
         left = {
             b.bucket: b.marker - b.reached for b in generation.buckets.values() if not b.finished
@@ -218,7 +220,9 @@ def _run_realtime(
     while True:
         start = {str(b): s.reached for b, s in sorted(generation.buckets.items())}
         log(f"realtime: starting at offsets {start}, micro-batches every {interval:g} s")
-        query = _start_query(spark, config, schema, start, commit_batch, interval, checkpoint_dir)
+        query = _start_query(
+            new_stream_reader(spark), config, schema, start, commit_batch, interval, checkpoint_dir
+        )
         try:
             next_report = time.monotonic()
             while not should_stop() and not refused:
@@ -244,7 +248,7 @@ def _run_realtime(
             break
         # The query failed: if retention removed records under it, say so or skip them
         # and start the query again from the progress the sink holds.
-        with Topic(config.source.path) as topic:
+        with open_source(config) as topic:
             held = status_sink.current_generation()
             if held is None or not removed_unread(held, topic):
                 raise RuntimeError(f"pipeline {config.name}: the realtime query failed: {error}")
@@ -255,7 +259,7 @@ def _run_realtime(
 
 
 def _start_query(
-    spark: SparkSession,
+    reader: DataStreamReader,
     config: PipelineConfig,
     schema: str | None,
     start: dict[str, int],
@@ -263,11 +267,7 @@ def _start_query(
     interval: float,
     checkpoint_dir: Path,
 ) -> StreamingQuery:
-    stream = (
-        spark.readStream.format(FORMAT)
-        .option("path", config.source.path)
-        .option("startingOffsets", json.dumps(start))
-    )
+    stream = reader.option("startingOffsets", json.dumps(start))
     if schema:
         stream = stream.schema(schema)
     if config.realtime.max_records_per_trigger:
@@ -313,7 +313,7 @@ def _split_late(
 
     if config.transform.window is None:
         return batch, None
-    with Topic(config.source.path) as topic:
+    with open_source(config) as topic:
         by_arrival = judged_by_arrival(config, topic)
         if by_arrival:
             marks = arrival_watermarks(
@@ -374,7 +374,7 @@ def _refresh(
     if generation is None:
         return
     status.offsets = {b: s.reached for b, s in generation.buckets.items()}
-    with Topic(config.source.path) as topic:
+    with open_source(config) as topic:
         latest = topic.latest_offsets()
         # The same watermark lag the switch decides on, not a second definition of it.
         lag = watermark_lag(generation, topic, config, time.time())

@@ -16,13 +16,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from backlog_dagster.log import Topic
 from backlog_dagster.phases.lag import watermark_lag
 from backlog_dagster.phases.policy import decide
 from backlog_dagster.phases.transform import check_against_source, partial_results, read_schema
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Sink
-from backlog_dagster.spark.source import FORMAT
+from backlog_dagster.source import open_source
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -35,10 +34,10 @@ def warm_up(spark: SparkSession, config: PipelineConfig) -> None:
     expression it cannot resolve) fails the standby at once, naming the field, instead
     of leaving it waiting, and holding a Spark driver, for a backlog that cannot run.
     """
-    with Topic(config.source.path) as topic:
+    with open_source(config) as topic:
         check_against_source(config, topic)
         schema = read_schema(config, topic)
-    reader = spark.read.format(FORMAT).option("path", config.source.path)
+        reader = topic.batch_reader(spark)
     records = (reader if schema is None else reader.schema(schema)).load()
     _ = partial_results(records, config).schema  # Spark analyses the plan here
     records.limit(1).collect()
@@ -71,7 +70,7 @@ def await_switch(
                 now = time.time()
                 lag = None
                 if config.backlog.watermark_lag_threshold is not None:
-                    with Topic(config.source.path) as topic:
+                    with open_source(config) as topic:
                         lag = watermark_lag(generation, topic, config, now)
                 decision = decide(
                     config,

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from backlog_dagster.log import Payload, Topic, to_ddl, type_name
-from backlog_dagster.log.schema import SchemaError, parse_ddl
+from backlog_dagster.log.schema import SchemaError, parse_ddl, to_ddl, type_name
 from backlog_dagster.phases.bad_records import dead_letter, parse_problem
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.results import WINDOW_END, WINDOW_START, Partial, layout_of
+from backlog_dagster.source import Payload, Source
 from backlog_dagster.spark.records import (
     APPENDED_COLUMN,
     BUCKET_COLUMN,
@@ -53,7 +53,7 @@ class TransformError(ValueError):
         self.problems = problems
 
 
-def source_schema(config: PipelineConfig, topic: Topic) -> pa.Schema:
+def source_schema(config: PipelineConfig, topic: Source) -> pa.Schema:
     """The record columns the pipeline reads: the declared schema, else the topic's own."""
     if config.source.record_schema is not None:
         try:
@@ -71,7 +71,7 @@ def source_schema(config: PipelineConfig, topic: Topic) -> pa.Schema:
     return topic.schema
 
 
-def read_schema(config: PipelineConfig, topic: Topic, *, arrival: bool = False) -> str | None:
+def read_schema(config: PipelineConfig, topic: Source, *, arrival: bool = False) -> str | None:
     """The DDL to read the source with: the declared schema (else, when ``arrival`` asks
     for each record's append time, the topic's own columns) plus the bucket and offset
     columns, and for a JSON topic the columns that receive records that do not parse (so
@@ -89,14 +89,14 @@ def read_schema(config: PipelineConfig, topic: Topic, *, arrival: bool = False) 
     return ", ".join([base, *(f"{c} {t}" for c, t in needed.items() if c not in names)])
 
 
-def check_against_source(config: PipelineConfig, topic: Topic) -> None:
+def check_against_source(config: PipelineConfig, topic: Source) -> None:
     """Refuse, before any Spark work, a pipeline that does not fit its source."""
     problems = source_problems(config, topic)
     if problems:
         raise TransformError(*problems)
 
 
-def source_problems(config: PipelineConfig, topic: Topic) -> list[Problem]:
+def source_problems(config: PipelineConfig, topic: Source) -> list[Problem]:
     """What in the pipeline does not fit its source's columns: known without Spark, so
     Dagster refuses it when it loads the file."""
     try:

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from backlog_dagster.log import Topic
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation, Sink
+from backlog_dagster.source import Source
 
 
 class LogTruncated(RuntimeError):
     """Retention removed unread records, and the pipeline was not told to skip them."""
 
 
-def removed_unread(generation: Generation, topic: Topic) -> dict[int, tuple[int, int]]:
+def removed_unread(generation: Generation, topic: Source) -> dict[int, tuple[int, int]]:
     """``{bucket: (reached, earliest)}`` where the log no longer holds the next record."""
     bounds = topic.bounds()
     return {
@@ -33,7 +33,7 @@ def removed_unread(generation: Generation, topic: Topic) -> dict[int, tuple[int,
 
 def handle_truncation(
     sink: Sink,
-    topic: Topic,
+    topic: Source,
     config: PipelineConfig,
     generation: Generation,
     log: Callable[[str], None],

@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from backlog_dagster.log import Topic
 from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.source import Source
 from backlog_dagster.spark.records import TIMESTAMP_COLUMN
 
 
@@ -75,14 +75,14 @@ def combine(
     return Watermark(min(marks) if marks else None, tuple(idle), tuple(active))
 
 
-def judged_by_arrival(config: PipelineConfig, topic: Topic) -> bool:
+def judged_by_arrival(config: PipelineConfig, topic: Source) -> bool:
     """Whether the log can give the pipeline's event time by arrival: it indexes its
     record-time column per append (also readable as ``_timestamp``)."""
     return config.source.event_time in (topic.timestamp_column, TIMESTAMP_COLUMN)
 
 
 def arrival_watermarks(
-    topic: Topic,
+    topic: Source,
     since: Mapping[int, int],
     lateness_us: int,
     idle_timeout_s: float,

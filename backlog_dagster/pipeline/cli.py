@@ -17,10 +17,10 @@ from backlog_dagster.components.pipeline import (
     user_error_types,
     with_paths_under,
 )
-from backlog_dagster.log import Topic
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.load import PipelineFileError, load_pipeline, project_root_of
 from backlog_dagster.sink import open_sink
+from backlog_dagster.source import open_source
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -117,7 +117,7 @@ def status(defs_yaml: Path) -> None:
             "yes" if b.finished else "no",
         )
     Console().print(table)
-    with Topic(config.source.path) as topic:
+    with open_source(config) as topic:
         lag = watermark_lag(generation, topic, config, time.time())
     threshold = config.backlog.watermark_lag_threshold
     console.print(
@@ -154,7 +154,7 @@ def reset(defs_yaml: Path, reason: str) -> None:
     from backlog_dagster.phases.markers import reset as reset_markers
 
     config = pipeline_of(defs_yaml)
-    with naming_the_file(defs_yaml), open_sink(config) as sink, Topic(config.source.path) as topic:
+    with naming_the_file(defs_yaml), open_sink(config) as sink, open_source(config) as topic:
         reset_markers(sink, topic, config, reason, console.print)
 
 

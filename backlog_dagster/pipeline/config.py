@@ -153,6 +153,9 @@ def _earliest(value: object) -> object:
 
 
 class SourceConfig(Frozen):
+    kind: Literal["bucketlog"] = Field(
+        "bucketlog", description="bucketlog: a topic of the embedded bucketed log."
+    )
     path: str = Field(description="Directory of the topic in the embedded log.")
     event_time: str = Field(description="The TIMESTAMP column that times each record.")
     record_schema: str | None = Field(

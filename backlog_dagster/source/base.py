@@ -1,0 +1,110 @@
+"""What every source offers: buckets of offset-ordered records, and how Spark reads them.
+
+The phases, the switch sensor and the checks at load time depend on the ``Source``
+protocol only; ``backlog_dagster.source.open_source`` chooses the implementation
+``source.kind`` names (today the embedded log; Kafka partitions are the next).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Protocol, Self
+
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.readwriter import DataFrameReader
+    from pyspark.sql.streaming import DataStreamReader
+
+
+class SourceError(RuntimeError):
+    """A source that is missing, or asked for something it lacks."""
+
+
+class Payload(StrEnum):
+    """How a source holds its records."""
+
+    #: Typed columns.
+    ARROW = "arrow"
+    #: One JSON text per record, parsed by the reader against the schema the pipeline
+    #: declares (``source.record_schema``); records that do not parse are reported.
+    JSON = "json"
+
+
+class Bounds(Protocol):
+    """A bucket's offsets: ``earliest`` is the first one held, ``latest`` the next one."""
+
+    @property
+    def earliest(self) -> int: ...
+
+    @property
+    def latest(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """A bucket's appends from some moment on, for event time as of arrival."""
+
+    #: The latest record time (µs) among records appended before the moment; None if none.
+    max_time_before_us: int | None
+    #: When the last append before the moment happened; None if none.
+    last_append_before: float | None
+    #: ``(appended at, latest record time among that append's records)``, in time order.
+    appends: list[tuple[float, int]]
+
+
+class Source(Protocol):
+    @property
+    def name(self) -> str:
+        """What the source is called in messages."""
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The records' columns (for a JSON payload: the one text column)."""
+
+    @property
+    def timestamp_column(self) -> str:
+        """The column the source times its records by, and indexes per append."""
+
+    @property
+    def payload(self) -> Payload: ...
+
+    def bounds(self) -> Mapping[int, Bounds]:
+        """Every bucket's earliest and latest offset, read afresh (new buckets appear)."""
+
+    def latest_offsets(self) -> dict[int, int]: ...
+
+    def offset_for_time(self, bucket: int, timestamp_us: int) -> int:
+        """The first offset whose record time is at or after ``timestamp_us``."""
+
+    def record_time(self, bucket: int, offset: int) -> int:
+        """The record time (µs) of the record at ``offset``."""
+
+    def max_record_time(self, bucket: int, start: int, end: int) -> int | None:
+        """The latest record time among ``[start, end)``; None if empty."""
+
+    def last_append_time(self, bucket: int) -> float | None:
+        """When the bucket was last appended to (Unix s), for idleness."""
+
+    def append_time(self, bucket: int, offset: int) -> float | None:
+        """When the record at ``offset`` was appended; None past the end."""
+
+    def arrivals(self, bucket: int, since: float, until: float = float("inf")) -> Arrivals:
+        """The bucket's appends between two moments, with their latest record times."""
+
+    def batch_reader(self, spark: SparkSession) -> DataFrameReader:
+        """A Spark batch reader over the source; the caller adds ``buckets``,
+        ``startingOffsets`` and ``endingOffsets`` (JSON ``{"bucket": offset}``)."""
+
+    def stream_reader(self, spark: SparkSession) -> DataStreamReader:
+        """A Spark stream reader over the source; the caller adds ``startingOffsets``
+        and ``maxRecordsPerTrigger``."""
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(self, *exc: object) -> None: ...
