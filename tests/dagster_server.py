@@ -20,9 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextmanager
-def dagster_dev(home: Path, data: Path) -> Iterator[DagsterGraphQLClient]:
-    """Run ``dagster dev -w workspace.yaml`` until the block ends; yield a GraphQL client."""
-    with dev_server.dagster_dev(ROOT, home, data) as server:
+def dagster_dev(home: Path, data: Path, project: Path = ROOT) -> Iterator[DagsterGraphQLClient]:
+    """Run ``dagster dev -w workspace.yaml`` in ``project`` until the block ends; yield a
+    GraphQL client."""
+    with dev_server.dagster_dev(project, home, data) as server:
         yield DagsterGraphQLClient("127.0.0.1", port_number=server.port)
 
 

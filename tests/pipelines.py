@@ -11,6 +11,8 @@ import yaml
 from backlog_dagster.log import Topic
 from backlog_dagster.pipeline.config import PipelineConfig
 
+ROOT = Path(__file__).resolve().parent.parent
+
 CUSTOMER_TOTALS: dict[str, Any] = {
     "keys": ["customer_id"],
     "aggregations": [
@@ -116,24 +118,46 @@ def assert_same(results: pd.DataFrame, oracle: pd.DataFrame, keys: list[str]) ->
 def assert_example_customer_totals(
     data: Path, topic_path: Path, up_to: dict[int, int] | None = None
 ) -> None:
-    """The example project's customer_totals table equals the oracle over the log."""
-    import sqlite3
+    """The example project's customer_totals table (SQLite, under ``data``) equals the
+    oracle over the log."""
+    assert_customer_totals(example_config("customer_totals", data), topic_path, up_to)
 
-    with sqlite3.connect(data / "example" / "results.sqlite") as db:
-        results = pd.read_sql("SELECT * FROM customer_totals", db)
+
+def assert_example_region_minutes(data: Path, topic_path: Path) -> None:
+    """The example's region_minutes table (SQLite, under ``data``) equals the oracle."""
+    assert_region_minutes(example_config("region_minutes", data), topic_path)
+
+
+def example_config(name: str, data: Path, project: Path = ROOT) -> PipelineConfig:
+    """The example pipeline ``name`` as ``project`` declares it, its paths under ``data``."""
+    from backlog_dagster.components.pipeline import with_paths_under
+    from backlog_dagster.pipeline.load import load_pipeline
+
+    defs = project / "definitions" / "defs" / name / "defs.yaml"
+    return with_paths_under(load_pipeline(defs), data)
+
+
+def assert_customer_totals(
+    config: PipelineConfig, topic_path: Path, up_to: dict[int, int] | None = None
+) -> None:
+    """customer_totals' results, read through its sink, equal the oracle over the log."""
+    from backlog_dagster.sink import open_sink
+
+    with open_sink(config) as sink:
+        results = sink.read_results().to_pandas()
     with Topic(topic_path) as topic:
         oracle = customer_totals_oracle(records_up_to(topic, up_to or topic.latest_offsets()))
     columns = ["customer_id", "total_amount", "orders", "largest_amount"]
     assert_same(results, oracle[columns], ["customer_id"])
 
 
-def assert_example_region_minutes(data: Path, topic_path: Path) -> None:
-    """The example's region_minutes table equals the oracle over every record not held late."""
-    import sqlite3
+def assert_region_minutes(config: PipelineConfig, topic_path: Path) -> None:
+    """region_minutes' results equal the oracle over every record not held late."""
+    from backlog_dagster.sink import open_sink
 
-    with sqlite3.connect(data / "example" / "results.sqlite") as db:
-        results = pd.read_sql("SELECT * FROM region_minutes", db)
-        late = set(db.execute('SELECT bucket, "offset" FROM region_minutes_late').fetchall())
+    with open_sink(config) as sink:
+        results = sink.read_results().to_pandas()
+        late = {(r["bucket"], r["offset"]) for r in sink.read_late().to_pylist()}
     with Topic(topic_path) as topic:
         oracle = region_minutes_oracle(records_not_late(topic, late))
     assert_same(results, oracle, ["region", "window_start"])

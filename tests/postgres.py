@@ -142,3 +142,28 @@ def wait_for_blocked_merge(dsn: str, table: str, timeout: float = 120) -> int:
                 return int(row[0])
             time.sleep(0.05)
     raise TimeoutError(f"no commit waited on its merge into {table}")
+
+
+@contextmanager
+def holding(dsn: str, table: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    """Hold an exclusive lock on a results table (schema ``example``) for the block: a
+    commit then waits at its merge, its bulk load done. Yields the holding connection."""
+    with psycopg.connect(dsn) as connection:
+        connection.execute(f'LOCK TABLE example."{table}" IN EXCLUSIVE MODE')
+        try:
+            yield connection
+        finally:
+            connection.rollback()
+
+
+@contextmanager
+def example_servers() -> Iterator[tuple[str, str, PrivateServer]]:
+    """Dagster's database on the machine's server, and the sinks' on a private server
+    the caller may restart: ``(dagster dsn, sink dsn, sink server)``."""
+    ensure_server()
+    with (
+        fresh_database() as dagster_dsn,
+        private_server() as sink_server,
+        fresh_database(sink_server.dsn) as sink_dsn,
+    ):
+        yield dagster_dsn, sink_dsn, sink_server

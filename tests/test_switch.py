@@ -1,12 +1,17 @@
-"""The switch, end to end through `dagster dev`: its daemon, the sensors, real runs."""
+"""The switch, end to end through `dagster dev`: its daemon, the sensors, real runs.
+
+This session runs on PostgreSQL: Dagster's own storage (``deploy/dagster-postgres.yaml``)
+and both example pipelines' sinks, the latter on a server of the test's own so that the
+test may restart it. (The crash matrix runs the example on the embedded SQLite sink.)
+"""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
 import os
+import shutil
 import signal
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -17,31 +22,35 @@ import dagster as dg
 import pytest
 from dagster_graphql import DagsterGraphQLClient
 
-from backlog_dagster.components.dev_server import process_kind, processes_under
+from backlog_dagster.components.dev_server import (
+    POSTGRES_INSTANCE,
+    copy_project,
+    on_postgres,
+    postgres_url,
+    process_kind,
+    processes_under,
+)
 from backlog_dagster.log import Topic
+from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.sink import open_sink
 from tests.conftest import MakeTopic, append_orders
-from tests.dagster_server import dagster_dev, kill_run_worker, wait_for_run
-from tests.pipelines import assert_example_customer_totals, assert_example_region_minutes
+from tests.dagster_server import ROOT, dagster_dev, kill_run_worker, wait_for_run
+from tests.pipelines import assert_customer_totals, assert_region_minutes, example_config
+from tests.postgres import PrivateServer, example_servers, holding, wait_for_blocked_merge
+
+#: The example's pipelines, by name, as this session declares them.
+Configs = dict[str, PipelineConfig]
+SINK_DSN = "BACKLOG_TEST_SINK_DSN"
 
 
-def sink_state(data: Path, pipeline: str) -> tuple[str, dict[int, int]]:
+def sink_state(configs: Configs, pipeline: str) -> tuple[str, dict[int, int]]:
     """The pipeline's phase and per-bucket progress, as the sink holds them."""
-    path = data / "example" / "results.sqlite"
-    if not path.exists():
-        return "backlog", {}
-    with sqlite3.connect(path) as db:
-        phase = db.execute(
-            "SELECT phase FROM backlog_phases WHERE pipeline = ? ORDER BY rowid DESC LIMIT 1",
-            (pipeline,),
-        ).fetchone()
-        reached = dict(
-            db.execute(
-                "SELECT bucket, reached FROM backlog_buckets WHERE pipeline = ? AND generation = "
-                "(SELECT max(generation) FROM backlog_buckets WHERE pipeline = ?)",
-                (pipeline, pipeline),
-            ).fetchall()
+    with open_sink(configs[pipeline]) as sink:
+        generation = sink.current_generation()
+        reached = (
+            {} if generation is None else {b: s.reached for b, s in generation.buckets.items()}
         )
-    return ("backlog" if phase is None else phase[0]), reached
+        return sink.phase(), reached
 
 
 def wait_until(condition, timeout: float, what: str, tick=None) -> None:  # type: ignore[no-untyped-def]
@@ -69,59 +78,74 @@ def runs_of(instance: dg.DagsterInstance, job: str) -> list[dg.DagsterRun]:
 @pytest.mark.dagster_dev
 @pytest.mark.timeout(1200)
 def test_the_example_under_dagster_dev_switches_recovers_goes_back_and_returns(
-    make_topic: MakeTopic, tmp_path: Path
+    make_topic: MakeTopic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both pipelines of the example project in one `dagster dev` session.
+    """Both pipelines of the example project in one `dagster dev` session, on PostgreSQL.
 
     A backlog run launched as the UI does races the sensor's; customer_totals switches
-    with its realtime run's own config, survives its realtime run's death and stays
-    cancelled when the user says so; region_minutes stalls, goes back into backlog and
-    returns. One session instead of three: each costs two cold Spark starts per pipeline.
+    with its realtime run's own config, survives its realtime run's death mid-commit and
+    stays cancelled when the user says so; region_minutes stalls, goes back into backlog
+    and returns; the sink's connection is ended and its server restarted. One session
+    instead of several: each costs two cold Spark starts per pipeline.
     """
     topic = make_topic(records=100_000, buckets=4, name="example/orders")
-    home = tmp_path / "dagster_home"
-    with dagster_dev(home, tmp_path) as client:
-        instance = dg.DagsterInstance.from_config(str(home))
-        by_hand = client.submit_job_execution(
-            "customer_totals_backlog_job",
-            run_config={
-                "ops": {"customer_totals_backlog": {"config": {"checkpoint_interval": 0.05}}}
-            },
-        )
-        customer_totals_switches_with_its_own_config(instance, tmp_path, topic)
-        a_run_launched_by_hand_did_the_work_or_was_refused(instance, client, by_hand)
-        wait_until(
-            lambda: sink_state(tmp_path, "region_minutes")[0] == "realtime",
-            600,
-            "region_minutes' first switch to realtime",
-        )
-        # customer_totals' realtime run dies while region_minutes' stalls: the two
-        # recoveries overlap, as they would in production.
-        stall_region_minutes_and_see_it_come_back(
-            instance,
-            tmp_path,
-            topic,
-            meanwhile=lambda: killed_realtime_run_is_restarted(instance, tmp_path),
-        )
-        wait_until(
-            lambda: sink_state(tmp_path, "customer_totals")[1] == topic.latest_offsets(),
-            300,
-            "customer_totals to catch up",
-        )
-        assert_example_customer_totals(tmp_path, topic.path)
-        cancelled_realtime_run_stays_cancelled(instance, client)
-        instance.dispose()
+    project, home = tmp_path / "project", tmp_path / "dagster_home"
+    copy_project(ROOT, project, on_postgres("example", SINK_DSN))
+    home.mkdir()
+    shutil.copy(ROOT / POSTGRES_INSTANCE, home / "dagster.yaml")
+    configs = {
+        name: example_config(name, tmp_path, project)
+        for name in ("customer_totals", "region_minutes")
+    }
+    with example_servers() as (dagster_dsn, sink_dsn, sink_server):
+        monkeypatch.setenv("DAGSTER_POSTGRES_URL", postgres_url(dagster_dsn))
+        monkeypatch.setenv(SINK_DSN, sink_dsn)
+        with dagster_dev(home, tmp_path, project) as client:
+            instance = dg.DagsterInstance.from_config(str(home))
+            assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+            assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
+            by_hand = client.submit_job_execution(
+                "customer_totals_backlog_job",
+                run_config={
+                    "ops": {"customer_totals_backlog": {"config": {"checkpoint_interval": 0.05}}}
+                },
+            )
+            customer_totals_switches_with_its_own_config(instance, configs, topic)
+            a_run_launched_by_hand_did_the_work_or_was_refused(instance, client, by_hand)
+            wait_until(
+                lambda: sink_state(configs, "region_minutes")[0] == "realtime",
+                600,
+                "region_minutes' first switch to realtime",
+            )
+            # customer_totals' realtime run dies while region_minutes' stalls: the two
+            # recoveries overlap, as they would in production.
+            stall_region_minutes_and_see_it_come_back(
+                instance,
+                configs,
+                topic,
+                meanwhile=lambda: killed_realtime_run_is_restarted(instance, configs, sink_dsn),
+            )
+            wait_until(
+                lambda: sink_state(configs, "customer_totals")[1] == topic.latest_offsets(),
+                300,
+                "customer_totals to catch up",
+            )
+            the_sink_survives_a_lost_connection_and_a_server_restart(
+                instance, configs, topic, sink_dsn, sink_server
+            )
+            cancelled_realtime_run_stays_cancelled(instance, client)
+            instance.dispose()
 
 
 def customer_totals_switches_with_its_own_config(
-    instance: dg.DagsterInstance, data: Path, topic: Topic
+    instance: dg.DagsterInstance, configs: Configs, topic: Topic
 ) -> None:
     wait_until(
-        lambda: sink_state(data, "customer_totals")[0] == "realtime",
+        lambda: sink_state(configs, "customer_totals")[0] == "realtime",
         400,
         "the switch to realtime",
     )
-    markers = sink_state(data, "customer_totals")[1]
+    markers = sink_state(configs, "customer_totals")[1]
     assert sum(markers.values()) == 100_000
 
     def realtime_running() -> bool:
@@ -135,7 +159,7 @@ def customer_totals_switches_with_its_own_config(
         append_orders(topic, 3_000, live=True)
         time.sleep(1)
     wait_until(
-        lambda: sink_state(data, "customer_totals")[1] == topic.latest_offsets(),
+        lambda: sink_state(configs, "customer_totals")[1] == topic.latest_offsets(),
         300,
         "realtime to catch up with the live records",
     )
@@ -161,7 +185,7 @@ def customer_totals_switches_with_its_own_config(
     assert sorted(m["bucket"].value for m in finishes) == [0, 1, 2, 3]
     switch = observations(instance, "customer_totals_realtime", "is_backlog")
     assert len(switch) == 1 and switch[0]["is_backlog"].value is False
-    assert_example_customer_totals(data, topic.path)
+    assert_customer_totals(configs["customer_totals"], topic.path)
 
 
 def a_run_launched_by_hand_did_the_work_or_was_refused(
@@ -189,14 +213,20 @@ def a_run_launched_by_hand_did_the_work_or_was_refused(
     assert sum(read) == 100_000  # type: ignore[arg-type]
 
 
-def killed_realtime_run_is_restarted(instance: dg.DagsterInstance, data: Path) -> None:
-    """customer_totals' realtime run is killed while live records arrive: Dagster's code
-    server reports its process gone (the heartbeat is only the fallback, for a run whose
-    code server died too), and the sensor starts another at its next tick, which goes on
-    from the sink's offsets (the oracle is checked once the producer stops)."""
-    dead = runs_of(instance, "customer_totals_realtime_job")[0].run_id
-    kill_run_worker(instance, dead)
-    at_kill = sink_state(data, "customer_totals")[1]
+def killed_realtime_run_is_restarted(
+    instance: dg.DagsterInstance, configs: Configs, sink_dsn: str
+) -> None:
+    """customer_totals' realtime run is SIGKILLed while live records arrive, at the worst
+    moment for the sink: its commit has bulk loaded a micro-batch and waits to merge it
+    (the test holds a lock on the results table). Dagster's code server reports the
+    process gone (the heartbeat is only the fallback, for a run whose code server died
+    too), and the sensor starts another at its next tick, which goes on from the sink's
+    offsets (the oracle is checked once the producer stops)."""
+    with holding(sink_dsn, "customer_totals"):
+        wait_for_blocked_merge(sink_dsn, "customer_totals")
+        dead = runs_of(instance, "customer_totals_realtime_job")[0].run_id
+        kill_run_worker(instance, dead)
+    at_kill = sink_state(configs, "customer_totals")[1]
 
     def restarted() -> bool:
         runs = runs_of(instance, "customer_totals_realtime_job")
@@ -207,10 +237,50 @@ def killed_realtime_run_is_restarted(instance: dg.DagsterInstance, data: Path) -
     failure = instance.all_logs(dead, of_type=dg.DagsterEventType.RUN_FAILURE)
     assert failure and "no heartbeat" not in str(failure)  # Dagster saw it, not the timeout
     wait_until(
-        lambda: all(sink_state(data, "customer_totals")[1][b] > at_kill[b] for b in at_kill),
+        lambda: all(sink_state(configs, "customer_totals")[1][b] > at_kill[b] for b in at_kill),
         300,
         "the restarted run to commit past where the dead one stopped",
     )
+
+
+def the_sink_survives_a_lost_connection_and_a_server_restart(
+    instance: dg.DagsterInstance,
+    configs: Configs,
+    topic: Topic,
+    sink_dsn: str,
+    sink_server: PrivateServer,
+) -> None:
+    """While live records arrive: region_minutes' connection is ended with
+    ``pg_terminate_backend`` between its commit's bulk load and merge, and the sink's
+    server restarts. The same realtime runs go on (they open the connection again and
+    make the interrupted commit once); nothing is lost or doubled."""
+    producer = LiveProducer(topic.path, per_second=1_000)
+    producer.start()
+    try:
+        region_run = runs_of(instance, "region_minutes_realtime_job")[0].run_id
+        with holding(sink_dsn, "region_minutes") as holder:
+            backend = wait_for_blocked_merge(sink_dsn, "region_minutes")
+            holder.execute("SELECT pg_terminate_backend(%s)", (backend,))
+        before = {name: committed(configs, name) for name in configs}
+        sink_server.restart()
+        for name in configs:
+            wait_until(
+                lambda n=name: committed(configs, n) > before[n],  # type: ignore[misc]
+                120,
+                f"{name} to commit after the server restart",
+            )
+        run = instance.get_run_by_id(region_run)
+        assert run is not None and run.status == dg.DagsterRunStatus.STARTED
+    finally:
+        producer.stop()
+    for name in configs:
+        wait_until(
+            lambda n=name: sink_state(configs, n)[1] == topic.latest_offsets(),  # type: ignore[misc]
+            300,
+            f"{name} to catch up",
+        )
+    assert_customer_totals(configs["customer_totals"], topic.path)
+    assert_region_minutes(configs["region_minutes"], topic.path)
 
 
 def cancelled_realtime_run_stays_cancelled(
@@ -263,29 +333,18 @@ def spark_jvms_of(instance: dg.DagsterInstance, run_id: str) -> list[int]:
     return [pid for pid in under if process_kind(pid) == "spark_jvm"]
 
 
-def realtime_commits(data: Path, pipeline: str) -> int:
-    with sqlite3.connect(data / "example" / "results.sqlite") as db:
-        (count,) = db.execute(
-            "SELECT count(*) FROM backlog_commits WHERE pipeline = ? AND phase = 'realtime'",
-            (pipeline,),
-        ).fetchone()
-    return int(count)
+def committed(configs: Configs, pipeline: str) -> int:
+    """Records the pipeline has committed, over every bucket."""
+    return sum(sink_state(configs, pipeline)[1].values())
 
 
-def phase_history(data: Path, pipeline: str) -> list[tuple[int, str, float | None, str]]:
-    path = data / "example" / "results.sqlite"
-    if not path.exists():
-        return []
-    with sqlite3.connect(path) as db:
-        return db.execute(
-            "SELECT generation, phase, lag_s, cause FROM backlog_phases WHERE pipeline = ? "
-            "ORDER BY rowid",
-            (pipeline,),
-        ).fetchall()
+def phase_history(configs: Configs, pipeline: str) -> list[tuple[int, str, float | None, str]]:
+    with open_sink(configs[pipeline]) as sink:
+        return [(c.generation, c.phase, c.lag_s, c.cause) for c in sink.phase_history()]
 
 
 def stall_region_minutes_and_see_it_come_back(
-    instance: dg.DagsterInstance, data: Path, topic: Topic, meanwhile: Callable[[], None]
+    instance: dg.DagsterInstance, configs: Configs, topic: Topic, meanwhile: Callable[[], None]
 ) -> None:
     """The example's region_minutes (lag threshold 2 min) goes back into backlog and returns.
 
@@ -301,13 +360,13 @@ def stall_region_minutes_and_see_it_come_back(
         return started[0] if started else None
 
     producer = LiveProducer(topic.path, per_second=1_000)
-    before = realtime_commits(data, "region_minutes")
+    before = committed(configs, "region_minutes")
     producer.start()
     try:
         wait_until(
             lambda: (
-                sink_state(data, "region_minutes")[0] == "realtime"
-                and realtime_commits(data, "region_minutes") > before + 1
+                sink_state(configs, "region_minutes")[0] == "realtime"
+                and committed(configs, "region_minutes") > before
             ),
             # Live records after an idle switch meet a watermark days old: if realtime's
             # first live batch is slow, the pipeline may go back and return once first.
@@ -318,14 +377,14 @@ def stall_region_minutes_and_see_it_come_back(
         assert run is not None
         stalled = spark_jvms_of(instance, run.run_id)
         assert stalled, "no Spark JVM under the realtime run"
-        seen = len(phase_history(data, "region_minutes"))
+        seen = len(phase_history(configs, "region_minutes"))
         for pid in stalled:
             os.kill(pid, signal.SIGSTOP)
         try:
             meanwhile()
 
             def went_back() -> bool:
-                history = phase_history(data, "region_minutes")[seen - 1 :]
+                history = phase_history(configs, "region_minutes")[seen - 1 :]
                 return any(
                     a[1] == "realtime" and b[1] == "backlog" and b[2] is not None
                     for a, b in itertools.pairwise(history)
@@ -336,10 +395,11 @@ def stall_region_minutes_and_see_it_come_back(
             for pid in stalled:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
-        way_back = len(phase_history(data, "region_minutes"))
+        way_back = len(phase_history(configs, "region_minutes"))
         wait_until(
             lambda: any(
-                p == "realtime" for _, p, _, _ in phase_history(data, "region_minutes")[way_back:]
+                p == "realtime"
+                for _, p, _, _ in phase_history(configs, "region_minutes")[way_back:]
             ),
             400,
             "the switch back to realtime",
@@ -348,11 +408,11 @@ def stall_region_minutes_and_see_it_come_back(
     finally:
         producer.stop()
     wait_until(
-        lambda: sink_state(data, "region_minutes")[1] == topic.latest_offsets(),
+        lambda: sink_state(configs, "region_minutes")[1] == topic.latest_offsets(),
         300,
         "realtime to catch up",
     )
-    history = phase_history(data, "region_minutes")
+    history = phase_history(configs, "region_minutes")
     print("\nregion_minutes phase history:")
     for generation, phase, lag, cause in history:
         print(f"  g{generation} {phase:8} lag={lag} {cause}")
@@ -366,4 +426,4 @@ def stall_region_minutes_and_see_it_come_back(
     assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.SUCCESS  # type: ignore[union-attr]
     observed = observations(instance, "region_minutes_backlog", "is_backlog")
     assert any(m["generation"].value == back[0] and "watermark_lag_s" in m for m in observed)
-    assert_example_region_minutes(data, topic.path)
+    assert_region_minutes(configs["region_minutes"], topic.path)
