@@ -67,9 +67,9 @@ def make_project(root: Path, defs_yaml: str) -> Path:
     return path
 
 
-def test_dagster_definitions_validate_names_file_line_and_field(tmp_path: Path) -> None:
-    defs = make_project(tmp_path, BAD_YAML)
-    result = subprocess.run(
+def dagster_validate(root: Path) -> subprocess.CompletedProcess[str]:
+    """``dagster definitions validate`` on the project ``make_project`` made under ``root``."""
+    return subprocess.run(
         [
             str(Path(sys.executable).with_name("dagster")),
             "definitions",
@@ -77,13 +77,18 @@ def test_dagster_definitions_validate_names_file_line_and_field(tmp_path: Path) 
             "-m",
             "badproj.definitions",
             "-d",
-            str(tmp_path),
+            str(root),
         ],
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, "DAGSTER_HOME": ""},
     )
+
+
+def test_dagster_definitions_validate_names_file_line_and_field(tmp_path: Path) -> None:
+    defs = make_project(tmp_path, BAD_YAML)
+    result = dagster_validate(tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode != 0
     for field, line, message in [
@@ -321,21 +326,7 @@ def test_a_password_in_the_dsn_is_refused_at_load_naming_the_line_not_the_passwo
             "    table: t\n",
         ),
     )
-    result = subprocess.run(
-        [
-            str(Path(sys.executable).with_name("dagster")),
-            "definitions",
-            "validate",
-            "-m",
-            "badproj.definitions",
-            "-d",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "DAGSTER_HOME": ""},
-    )
+    result = dagster_validate(tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert f"attributes.sink.dsn at {defs}:11" in output, output[-4000:]

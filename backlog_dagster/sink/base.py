@@ -17,6 +17,8 @@ from typing import Protocol, Self
 
 import pyarrow as pa
 
+from backlog_dagster.pipeline.results import ResultLayout
+
 
 @dataclass(frozen=True)
 class BucketState:
@@ -60,6 +62,31 @@ class PhaseChange:
     cause: str
     #: The watermark lag (s) the decision was made on, where the lag strategy made it.
     lag_s: float | None = None
+
+
+class ResultTables:
+    """The names of a pipeline's tables in a sink, derived from its results table's: one
+    rule for every sink (``docs/sink-tables.md``)."""
+
+    table: str
+    layout: ResultLayout
+
+    @property
+    def view(self) -> str:
+        """The results as users read them: keys, window bounds, aggregations; no internals."""
+        return f"{self.table}_view"
+
+    @property
+    def late_table(self) -> str:
+        return f"{self.table}_late"
+
+    @property
+    def dead_letter_table(self) -> str:
+        return f"{self.table}_dead_letters"
+
+    @property
+    def windowed(self) -> bool:
+        return self.layout.windowed
 
 
 class ProgressConflict(RuntimeError):

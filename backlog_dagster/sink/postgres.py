@@ -48,6 +48,7 @@ from backlog_dagster.sink.base import (
     BucketState,
     Generation,
     PhaseChange,
+    ResultTables,
     SinkUnreachable,
     check_commit,
 )
@@ -117,7 +118,7 @@ _STATE_TABLES = (
 )
 
 
-class PostgresSink:
+class PostgresSink(ResultTables):
     """Results, dead letters and late records in ``schema``, beside the state tables."""
 
     def __init__(
@@ -215,22 +216,6 @@ class PostgresSink:
 
     def _name(self, table: str) -> sql.Composed:
         return sql.SQL("{}.{}").format(sql.Identifier(self.schema), sql.Identifier(table))
-
-    @property
-    def view(self) -> str:
-        return f"{self.table}_view"
-
-    @property
-    def late_table(self) -> str:
-        return f"{self.table}_late"
-
-    @property
-    def dead_letter_table(self) -> str:
-        return f"{self.table}_dead_letters"
-
-    @property
-    def windowed(self) -> bool:
-        return self.layout.windowed
 
     # -- tables -------------------------------------------------------------------------
 

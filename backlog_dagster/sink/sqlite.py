@@ -31,6 +31,7 @@ from backlog_dagster.sink.base import (
     BucketState,
     Generation,
     PhaseChange,
+    ResultTables,
     SinkUnreachable,
     check_commit,
 )
@@ -321,7 +322,7 @@ class PipelineState:
         return _Transaction(self._db)
 
 
-class SqliteSink(PipelineState):
+class SqliteSink(PipelineState, ResultTables):
     """The results table beside the state, merged and committed together."""
 
     def __init__(self, path: Path | str, table: str, pipeline: str, layout: ResultLayout) -> None:
@@ -347,23 +348,6 @@ class SqliteSink(PipelineState):
                     '"offset" INTEGER, event_time TEXT, watermark TEXT, PRIMARY KEY '
                     '(bucket, "offset"))'
                 )
-
-    @property
-    def windowed(self) -> bool:
-        return self.layout.windowed
-
-    @property
-    def view(self) -> str:
-        """The results as users read them: keys, window bounds, aggregations; no internals."""
-        return f"{self.table}_view"
-
-    @property
-    def late_table(self) -> str:
-        return f"{self.table}_late"
-
-    @property
-    def dead_letter_table(self) -> str:
-        return f"{self.table}_dead_letters"
 
     def start_generation(
         self, buckets: dict[int, tuple[int, int]], reason: str, definition: str
