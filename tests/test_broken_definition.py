@@ -19,7 +19,7 @@ from dagster_graphql import DagsterGraphQLClient
 from backlog_dagster.components.dev_server import dagster_dev
 from tests.conftest import MakeTopic
 from tests.dagster_server import copy_example
-from tests.pipelines import assert_example_customer_totals
+from tests.pipelines import assert_example_customer_totals, example_config
 from tests.test_switch import runs_of, sink_state, wait_until
 
 BROKEN_FILTER = "amout > 0"
@@ -67,8 +67,9 @@ def test_a_broken_definition_fixed_in_place_runs_without_a_reset(
         defs.write_text(yaml.safe_dump(document, sort_keys=False))
         client.reload_repository_location("example")
 
+        fixed = {"customer_totals": example_config("customer_totals", tmp_path, project)}
         wait_until(
-            lambda: sink_state(tmp_path, "customer_totals")[0] == "realtime",
+            lambda: sink_state(fixed, "customer_totals")[0] == "realtime",
             400,
             "the fixed pipeline to switch to realtime",
         )

@@ -366,6 +366,7 @@ def stall_region_minutes_and_see_it_come_back(
         wait_until(
             lambda: (
                 sink_state(configs, "region_minutes")[0] == "realtime"
+                and realtime_run() is not None
                 and committed(configs, "region_minutes") > before
             ),
             # Live records after an idle switch meet a watermark days old: if realtime's
