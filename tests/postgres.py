@@ -145,11 +145,13 @@ def wait_for_blocked_merge(dsn: str, table: str, timeout: float = 120) -> int:
 
 
 @contextmanager
-def holding(dsn: str, table: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
-    """Hold an exclusive lock on a results table (schema ``example``) for the block: a
-    commit then waits at its merge, its bulk load done. Yields the holding connection."""
+def holding(
+    dsn: str, table: str, schema: str = "example"
+) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    """Hold an exclusive lock on a results table for the block: a commit then waits at
+    its merge, its bulk load done. Yields the holding connection."""
     with psycopg.connect(dsn) as connection:
-        connection.execute(f'LOCK TABLE example."{table}" IN EXCLUSIVE MODE')
+        connection.execute(f'LOCK TABLE "{schema}"."{table}" IN EXCLUSIVE MODE')
         try:
             yield connection
         finally:

@@ -19,7 +19,7 @@ import pytest
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import GenerationEnded, ProgressConflict, open_sink
 from tests.pipelines import CUSTOMER_TOTALS, REGION_MINUTES, pipeline
-from tests.postgres import wait_for_blocked_merge
+from tests.postgres import holding, wait_for_blocked_merge
 
 PACKAGE = Path(__file__).resolve().parent.parent / "backlog_dagster"
 
@@ -291,8 +291,7 @@ def test_postgres_commit_survives_its_connection_terminated_mid_commit(
         generation = sink.start_generation({0: (0, 10)}, "test", "d").number
         first = customer_partials([(1, 1.0, 1, 1.0, 1.0, 1.0, 1)])
         sink.commit(generation, {0: 0}, {0: 1}, first)
-        with psycopg.connect(postgres_dsn) as blocker:
-            blocker.execute("LOCK TABLE results.customer_totals IN EXCLUSIVE MODE")
+        with holding(postgres_dsn, "customer_totals", schema="results") as blocker:
             committed: list[bool] = []
             thread = threading.Thread(
                 target=lambda: committed.append(sink.commit(generation, {0: 1}, {0: 3}, first))
@@ -301,7 +300,7 @@ def test_postgres_commit_survives_its_connection_terminated_mid_commit(
             pid = wait_for_blocked_merge(postgres_dsn, "customer_totals")
             blocker.execute("SELECT pg_terminate_backend(%s)", (pid,))
             time.sleep(0.5)
-            blocker.rollback()  # lets go of the table: the retried commit goes through
+        # The lock is let go of: the commit, made again on a new connection, goes through.
         thread.join(timeout=60)
         assert committed == [True]
         (row,) = sink.read_results().to_pylist()
