@@ -27,9 +27,10 @@ WAIT_S = 5.0
 
 @contextmanager
 def exclusive_run(
-    sink: Sink, config: PipelineConfig, phase: str, wait_s: float = WAIT_S
+    sink: Sink, config: PipelineConfig, phase: str, wait_s: float = WAIT_S, holder: str = ""
 ) -> Iterator[None]:
-    with sink.run_lock(f"{phase} run", wait_s) as held:
+    """Hold the run lock as ``holder`` (``<phase> run`` unless given) for the block."""
+    with sink.run_lock(holder or f"{phase} run", wait_s) as held:
         if not held:
             raise PhaseAlreadyRunning(
                 f"pipeline {config.name}: refusing to start a {phase} run while another run "

@@ -36,6 +36,19 @@ def open_sink(config: PipelineConfig) -> Sink:
     return SqliteSink(sink.path, sink.table, config.name, layout)
 
 
+def for_other_processes(config: PipelineConfig) -> PipelineConfig:
+    """``config`` with the sink's settings read from the environment now, for code that
+    opens the sink in a process without this one's environment (a Spark Connect server
+    runs a realtime query's commits). The value travels to that process only."""
+    sink = config.sink
+    if sink.kind != "postgres" or isinstance(sink.dsn, str):
+        return config
+    from backlog_dagster.pipeline.secrets import resolve
+
+    resolved = sink.model_copy(update={"dsn": resolve(sink.dsn, "sink.dsn")})
+    return config.model_copy(update={"sink": resolved})
+
+
 __all__ = [
     "DEAD_LETTER_COLUMNS",
     "BucketState",
@@ -45,5 +58,6 @@ __all__ = [
     "ProgressConflict",
     "Sink",
     "SinkUnreachable",
+    "for_other_processes",
     "open_sink",
 ]

@@ -215,6 +215,8 @@ class Sink(Protocol):
 
     def dead_letter_count(self) -> int: ...
 
+    def late_count(self) -> int: ...
+
     def skipped_records(self) -> int:
         """Records skipped because retention removed them before they were read."""
 
@@ -236,6 +238,16 @@ class Sink(Protocol):
 
     def lock_holder(self) -> str:
         """Who holds the run lock, as its holder described itself ('' if unknown)."""
+
+    def holds_run_lock(self, holder: str) -> bool:
+        """Whether ``holder`` (as given to ``run_lock``) holds the run lock now, from any
+        process: how a realtime query's commit, which may run in another process, tells
+        that the run that started it is alive."""
+
+    def keep_run_lock(self) -> bool:
+        """Keep the run lock this sink holds: take it again if it went with a lost
+        connection (the server restarted). False if it is not held here, or another
+        run took it meanwhile."""
 
     def close(self) -> None: ...
 

@@ -139,6 +139,8 @@ class PostgresSink(ResultTables):
         password = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
         self._secrets = [str(s) for s in (dsn, password) if s]
         self._key = zlib.crc32(f"{schema}.{pipeline}".encode()) & 0x7FFF_FFFF
+        #: The run lock's holder name and connection while ``run_lock`` holds it.
+        self._lock: tuple[str, psycopg.Connection[Any]] | None = None
         self._db = self._connect(patience_s=OPEN_S)
         self._call(self._create_tables, retry=True)
 
@@ -685,6 +687,11 @@ class PostgresSink(ResultTables):
         )
         return pa.table({c: [row[i] for row in rows] for i, c in enumerate(_LATE_COLUMNS)})
 
+    def late_count(self) -> int:
+        if not self.windowed:
+            return 0
+        return self._count(sql.SQL("SELECT count(*) FROM {}").format(self._name(self.late_table)))
+
     def dead_letter_count(self) -> int:
         return self._count(
             sql.SQL("SELECT count(*) FROM {}").format(self._name(self.dead_letter_table))
@@ -738,24 +745,51 @@ class PostgresSink(ResultTables):
         """A session-level advisory lock on a connection of its own, named after the holder.
 
         The server lets go of it when that connection ends, including when the process
-        holding it dies.
+        holding it dies (and when the server restarts: ``keep_run_lock``).
         """
-        connection = self._connect(f"{holder}, process {os.getpid()}", patience_s=OPEN_S)
+        name = f"{holder}, process {os.getpid()}"
         deadline = time.monotonic() + wait_s
+        connection = self._connect(name, patience_s=OPEN_S)
         try:
-            while True:
-                row = connection.execute(
-                    "SELECT pg_try_advisory_lock(%s, %s)", (_RUN_LOCK, self._key)
-                ).fetchone()
-                if row is not None and row[0]:
-                    break
+            while not self._try_run_lock(connection):
                 if time.monotonic() >= deadline:
                     yield False
                     return
                 time.sleep(0.1)
+            self._lock = (name, connection)
             yield True
         finally:
+            if self._lock is not None:
+                self._lock[1].close()
+            self._lock = None
             connection.close()
+
+    def keep_run_lock(self) -> bool:
+        """Check the lock's connection; when the server lost it, open it again and take
+        the lock again, unless another run took it in between."""
+        if self._lock is None:
+            return False
+        name, connection = self._lock
+        try:
+            connection.execute("SELECT 1")
+            return True
+        except psycopg.OperationalError as error:
+            if not _is_lost_connection(error):
+                raise
+        connection.close()
+        connection = self._connect(name)
+        self._lock = (name, connection)
+        return self._try_run_lock(connection)
+
+    def _try_run_lock(self, connection: psycopg.Connection[Any]) -> bool:
+        row = connection.execute(
+            "SELECT pg_try_advisory_lock(%s, %s)", (_RUN_LOCK, self._key)
+        ).fetchone()
+        return row is not None and bool(row[0])
+
+    def holds_run_lock(self, holder: str) -> bool:
+        # The holder's name, as the lock's connection gave it to the server.
+        return self.lock_holder().startswith(f"{holder}, ")
 
     def lock_holder(self) -> str:
         rows = self._read(

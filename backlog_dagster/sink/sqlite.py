@@ -94,6 +94,7 @@ class PipelineState:
     def __init__(self, path: Path | str, pipeline: str) -> None:
         self.path = Path(path)
         self.pipeline = pipeline
+        self._holding = False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # Spark calls foreachBatch functions on its own thread; one caller at a time.
@@ -304,9 +305,31 @@ class PipelineState:
                     time.sleep(0.1)
             os.ftruncate(descriptor, 0)
             os.pwrite(descriptor, f"{holder}, process {os.getpid()}".encode(), 0)
+            self._holding = True
             yield True
         finally:
+            self._holding = False
             os.close(descriptor)
+
+    def holds_run_lock(self, holder: str) -> bool:
+        """Held (a shared ``flock`` is refused) and the file names ``holder``."""
+        try:
+            descriptor = os.open(self._lock_path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return self.lock_holder().startswith(f"{holder}, ")
+            fcntl.flock(descriptor, fcntl.LOCK_UN)
+            return False
+        finally:
+            os.close(descriptor)
+
+    def keep_run_lock(self) -> bool:
+        """A ``flock`` is only let go of by its holder: held here means kept."""
+        return self._holding
 
     def lock_holder(self) -> str:
         try:
@@ -442,6 +465,12 @@ class SqliteSink(PipelineState, ResultTables):
             f'SELECT * FROM {_quote(self.dead_letter_table)} ORDER BY bucket, "offset"'
         ).fetchall()
         return pa.table({c: [row[i] for row in rows] for i, c in enumerate(DEAD_LETTER_COLUMNS)})
+
+    def late_count(self) -> int:
+        if not self.windowed:
+            return 0
+        (count,) = self._db.execute(f"SELECT count(*) FROM {_quote(self.late_table)}").fetchone()
+        return int(count)
 
     def read_late(self) -> pa.Table:
         rows = self._db.execute(f"SELECT * FROM {_quote(self.late_table)}").fetchall()
