@@ -7,6 +7,7 @@ import click
 from backlog_dagster.demo import demo
 from backlog_dagster.log.cli import log_group
 from backlog_dagster.pipeline.cli import pipeline_group
+from backlog_dagster.spark.cli import spark_group
 
 
 @click.group()
@@ -18,3 +19,4 @@ def main() -> None:
 main.add_command(log_group)
 main.add_command(demo)
 main.add_command(pipeline_group)
+main.add_command(spark_group)

@@ -10,14 +10,17 @@ the UI does, stops everything, and prints the results' top rows and the switch g
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import statistics
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -25,9 +28,11 @@ from rich.table import Table
 
 from backlog_dagster.components.dev_server import (
     POSTGRES_INSTANCE,
+    all_of,
     copy_project,
     dagster_dev,
     on_postgres,
+    on_spark,
     postgres_url,
 )
 from backlog_dagster.components.pipeline import with_paths_under
@@ -52,6 +57,10 @@ PIPELINES = ("customer_totals", "region_minutes")
 EXAMPLE_DEFS = Path("definitions") / "defs"
 #: The database ``--postgres`` (re)creates for the demo, and the variable its sinks read.
 DEMO_DATABASE, DEMO_DSN_ENV = "backlog_dagster_demo", "BACKLOG_DAGSTER_DEMO_DSN"
+#: The variable the demo's pipelines read their Spark's URL from, with ``--spark``.
+DEMO_SPARK_ENV = "BACKLOG_DAGSTER_DEMO_SPARK"
+#: A change to each pipeline of a copied example (``dev_server.copy_project``).
+Edit = Callable[[dict[str, Any]], bool]
 
 
 @click.command("demo")
@@ -95,6 +104,14 @@ DEMO_DATABASE, DEMO_DSN_ENV = "backlog_dagster_demo", "BACKLOG_DAGSTER_DEMO_DSN"
     f"the database {DEMO_DATABASE} on the server CONNINFO names (default: the local one, "
     "as user postgres).",
 )
+@click.option(
+    "--spark",
+    type=click.Choice(["connect", "cluster"]),
+    default=None,
+    help="Run every pipeline's runs on one long-lived Spark the demo starts: a Spark "
+    "Connect server (runs start no JVM of their own), or a standalone cluster of two "
+    "workers (each run's executors on the workers). Default: a local Spark per run.",
+)
 def demo(
     records: int,
     buckets: int,
@@ -102,6 +119,7 @@ def demo(
     realtime_seconds: float,
     data_dir: Path,
     postgres: str | None,
+    spark: str | None,
 ) -> None:
     """Backlog → switch → realtime, through Dagster's daemon and sensors."""
     if not Path("workspace.yaml").exists():
@@ -127,19 +145,29 @@ def demo(
     producer.start()
 
     project, home = Path.cwd(), data_dir / "dagster_home"
-    if postgres is not None:
-        project = _on_postgres(postgres, data_dir / "project", home)
-    pipelines = {
-        name: with_paths_under(load_pipeline(project / EXAMPLE_DEFS / name / "defs.yaml"), data_dir)
-        for name in PIPELINES
-    }
     started = time.monotonic()
     try:
-        with dagster_dev(project, home, data_dir) as server:
-            console.print(f"[dim]{0:6.1f}s[/] dagster dev up on {server.url} (log: {server.log})")
-            timeline = Timeline(
-                pipelines, data_dir, data_dir / "dagster_home", server.port, started
+        with contextlib.ExitStack() as stack:
+            edits = []
+            if postgres is not None:
+                edits.append(_on_postgres(postgres, home))
+            if spark is not None:
+                edits.append(stack.enter_context(_shared_spark(spark, data_dir / "spark")))
+            if edits:
+                project = data_dir / "project"
+                copy_project(Path.cwd(), project, all_of(*edits))
+            pipelines = {
+                name: with_paths_under(
+                    load_pipeline(project / EXAMPLE_DEFS / name / "defs.yaml"), data_dir
+                )
+                for name in PIPELINES
+            }
+            server = stack.enter_context(dagster_dev(project, home, data_dir))
+            console.print(
+                f"[dim]{time.monotonic() - started:6.1f}s[/] dagster dev up on {server.url} "
+                f"(log: {server.log})"
             )
+            timeline = Timeline(pipelines, data_dir, home, server.port, started)
             lags = timeline.run(realtime_seconds)
     finally:
         stop_producer.set()
@@ -147,10 +175,10 @@ def demo(
     _summary(pipelines, lags)
 
 
-def _on_postgres(conninfo: str, project: Path, home: Path) -> Path:
-    """A copy of the example whose sinks are PostgreSQL ones (schema ``example``) in a new
-    database on the server ``conninfo`` names, and a Dagster home whose instance keeps
-    its storage there too. The connection strings go to the environment only."""
+def _on_postgres(conninfo: str, home: Path) -> Edit:
+    """An edit of the example whose sinks are PostgreSQL ones (schema ``example``) in a
+    new database on the server ``conninfo`` names, and a Dagster home whose instance
+    keeps its storage there too. The connection strings go to the environment only."""
     import psycopg
 
     try:
@@ -166,14 +194,38 @@ def _on_postgres(conninfo: str, project: Path, home: Path) -> Path:
     demo_database = psycopg.conninfo.make_conninfo(conninfo, dbname=DEMO_DATABASE)
     os.environ[DEMO_DSN_ENV] = demo_database
     os.environ["DAGSTER_POSTGRES_URL"] = postgres_url(demo_database)
-    copy_project(Path.cwd(), project, on_postgres("example", DEMO_DSN_ENV))
     home.mkdir(parents=True)
     shutil.copy(POSTGRES_INSTANCE, home / "dagster.yaml")
     console.print(
         f"results and Dagster's storage in PostgreSQL database {DEMO_DATABASE} "
         f"(results in schema example; read them with psql -d {DEMO_DATABASE})"
     )
-    return project
+    return on_postgres("example", DEMO_DSN_ENV)
+
+
+@contextmanager
+def _shared_spark(kind: str, folder: Path) -> Iterator[Edit]:
+    """A Spark Connect server or a standalone cluster for the demo's runs, and the edit
+    that points the example's pipelines at it (through ``DEMO_SPARK_ENV``)."""
+    from backlog_dagster.spark import servers
+
+    begun = time.monotonic()
+    if kind == "connect":
+        with servers.connect_server(folder) as server:
+            os.environ[DEMO_SPARK_ENV] = server.url
+            console.print(
+                f"Spark Connect server up on {server.url} in {time.monotonic() - begun:.1f} s "
+                f"(log: {server.log}); every run attaches to it"
+            )
+            yield on_spark(DEMO_SPARK_ENV)
+        return
+    with servers.standalone_cluster(folder) as (master, workers):
+        os.environ[DEMO_SPARK_ENV] = master.url
+        console.print(
+            f"standalone cluster up on {master.url} with {len(workers)} workers in "
+            f"{time.monotonic() - begun:.1f} s (logs in {folder}); each run's executors run there"
+        )
+        yield on_spark(DEMO_SPARK_ENV)
 
 
 def _produce(topic_dir: Path, rate: float, first_id: int, stop: threading.Event) -> None:

@@ -194,6 +194,26 @@ def on_postgres(table_schema: str, dsn_env: str) -> Callable[[dict[str, Any]], b
     return edit
 
 
+def on_spark(master_env: str) -> Callable[[dict[str, Any]], bool]:
+    """An ``edit`` for ``copy_project``: each pipeline runs on the Spark whose URL (a
+    Spark Connect server, a standalone master) the variable ``master_env`` holds."""
+
+    def edit(attributes: dict[str, Any]) -> bool:
+        attributes["spark_master"] = {"env": master_env}
+        return True
+
+    return edit
+
+
+def all_of(*edits: Callable[[dict[str, Any]], bool]) -> Callable[[dict[str, Any]], bool]:
+    """One ``edit`` making each of ``edits``; the pipeline is kept if every one keeps it."""
+
+    def edit(attributes: dict[str, Any]) -> bool:
+        return all([change(attributes) for change in edits])
+
+    return edit
+
+
 def _wait_until_up(server: DevServer, process: subprocess.Popen[bytes], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:

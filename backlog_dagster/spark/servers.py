@@ -1,0 +1,214 @@
+"""Long-lived Spark processes, started from the pyspark installation: a Spark Connect
+server and a standalone cluster (a master and its workers).
+
+Pipelines attach to them with ``spark_master: sc://host:port`` (Connect) or
+``spark://host:port`` (standalone); a run then pays no JVM start of its own on Connect,
+and runs its executors on the workers on a standalone cluster. ``backlog-dagster spark
+connect-server`` and ``backlog-dagster spark cluster`` run them in the foreground; the
+demo and the tests start them with the functions here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from backlog_dagster.spark.session import LAUNCH_CONF, SESSION_CONF
+
+CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+
+#: The fair scheduler's pools: jobs without a pool of their own (every session's) share
+#: the default pool fairly, so a long backlog job does not hold up another pipeline's
+#: micro-batches until it ends (Spark's default pool is first in, first out).
+FAIR_POOLS = """<?xml version="1.0"?>
+<allocations>
+  <pool name="default"><schedulingMode>FAIR</schedulingMode><weight>1</weight></pool>
+</allocations>
+"""
+
+#: Cores an application gets on the standalone cluster unless it asks for more
+#: (``spark.cores.max``): Spark's default gives the first application every core, and a
+#: realtime query never lets go of them, so the next pipeline's runs would wait forever.
+DEFAULT_APP_CORES = 1
+
+#: A session whose client went away (its run's process died) is closed, and its
+#: queries stopped, after this long without a call; a live run calls every second.
+CONNECT_SESSION_TIMEOUT = "5m"
+
+
+@dataclass(frozen=True)
+class SparkServer:
+    """One long-lived Spark process: what it is, where to reach it, its log."""
+
+    name: str
+    url: str
+    port: int
+    log: Path
+    process: subprocess.Popen[bytes]
+
+
+def spark_home() -> Path:
+    """The pyspark installation, which carries Spark's launch scripts and jars."""
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_connect_server(
+    port: int,
+    folder: Path,
+    master: str = "local[*]",
+    conf: Mapping[str, str] = {},
+    host: str = "127.0.0.1",
+) -> SparkServer:
+    """A Spark Connect server on ``host:port`` running its jobs on ``master``.
+
+    Every client gets a session of its own (its SQL settings, its temporary views and
+    streaming queries); the server's Spark is shared under the fair scheduler.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    pools = folder / "fair-pools.xml"
+    pools.write_text(FAIR_POOLS)
+    settings = {
+        **SESSION_CONF,
+        **LAUNCH_CONF,
+        "spark.connect.grpc.binding.address": host,
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.connect.session.manager.defaultSessionTimeout": CONNECT_SESSION_TIMEOUT,
+        "spark.scheduler.mode": "FAIR",
+        "spark.scheduler.allocation.file": str(pools),
+        "spark.pyspark.python": sys.executable,
+        **conf,
+    }
+    command = ["bin/spark-submit", "--class", CONNECT_CLASS, "--name", "backlog-dagster"]
+    command += ["--master", master]
+    for key, value in settings.items():
+        command += ["--conf", f"{key}={value}"]
+    command += ["spark-internal"]
+    return _start("connect server", f"sc://{host}:{port}", port, command, folder)
+
+
+def start_master(port: int, folder: Path, host: str = "127.0.0.1") -> SparkServer:
+    """A standalone cluster's master on ``host:port`` (its web UI on a free port)."""
+    command = ["bin/spark-class", MASTER_CLASS, "--host", host, "--port", str(port)]
+    command += ["--webui-port", str(free_port())]
+    options = {"SPARK_MASTER_OPTS": f"-Dspark.deploy.defaultCores={DEFAULT_APP_CORES}"}
+    return _start("master", f"spark://{host}:{port}", port, command, folder, options)
+
+
+def start_worker(
+    master: str, folder: Path, cores: int = 2, memory: str = "2g", host: str = "127.0.0.1"
+) -> SparkServer:
+    """A standalone worker: a JVM of its own that starts executors for applications."""
+    port = free_port()
+    command = ["bin/spark-class", WORKER_CLASS, master, "--host", host, "--port", str(port)]
+    command += ["--webui-port", str(free_port()), "--cores", str(cores), "--memory", memory]
+    command += ["--work-dir", str(folder / "work")]
+    return _start(f"worker {port}", master, port, command, folder)
+
+
+def _start(
+    name: str,
+    url: str,
+    port: int,
+    command: list[str],
+    folder: Path,
+    options: Mapping[str, str] = {},
+) -> SparkServer:
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / f"{name.replace(' ', '-')}.log"
+    home = spark_home()
+    environment = {
+        **os.environ,
+        "SPARK_HOME": str(home),
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_LOG_DIR": str(folder),
+        "SPARK_WORKER_DIR": str(folder / "work"),
+        **options,
+    }
+    with log.open("ab") as output:
+        process = subprocess.Popen(
+            [str(home / command[0]), *command[1:]],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            start_new_session=True,
+        )
+    return SparkServer(name, url, port, log, process)
+
+
+def wait_until_listening(server: SparkServer, timeout: float = 120) -> None:
+    """Wait until the server accepts connections; its log's end if it died or took too long."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", server.port), 1):
+            return
+        if server.process.poll() is not None or time.monotonic() > deadline:
+            tail = server.log.read_text(errors="replace").splitlines()[-20:]
+            state = "exited" if server.process.poll() is not None else "is not listening"
+            raise RuntimeError(
+                f"Spark {server.name} ({server.url}) {state}; the end of its log "
+                f"({server.log.name}):\n" + "\n".join(tail)
+            )
+        time.sleep(0.5)
+
+
+def stop(server: SparkServer, signal_number: int = signal.SIGTERM) -> None:
+    """Stop the server's process group (its JVM and the Python workers it started)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.process.pid, signal_number)
+    try:
+        server.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait()
+
+
+@contextmanager
+def connect_server(
+    folder: Path, port: int | None = None, master: str = "local[*]", conf: Mapping[str, str] = {}
+) -> Iterator[SparkServer]:
+    """A Spark Connect server on loopback for the block."""
+    server = start_connect_server(port or free_port(), folder, master, conf)
+    try:
+        wait_until_listening(server)
+        yield server
+    finally:
+        stop(server)
+
+
+@contextmanager
+def standalone_cluster(
+    folder: Path, workers: int = 2, cores: int = 2, memory: str = "2g", port: int | None = None
+) -> Iterator[tuple[SparkServer, list[SparkServer]]]:
+    """A master and ``workers`` workers on loopback for the block."""
+    master = start_master(port or free_port(), folder)
+    started = [master]
+    try:
+        wait_until_listening(master)
+        for _ in range(workers):
+            started.append(start_worker(master.url, folder, cores, memory))
+        for worker in started[1:]:
+            wait_until_listening(worker)
+        yield master, started[1:]
+    finally:
+        for server in reversed(started):
+            stop(server)
