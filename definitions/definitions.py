@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import dagster as dg
-from dagster_pyspark import PySparkResource
+from dagster_pyspark import LazyPySparkResource
 
 from backlog_dagster.components.pipeline import data_root
 from backlog_dagster.log import Topic, create_topic
@@ -85,7 +85,7 @@ def orders_log(context: dg.AssetExecutionContext, config: OrdersLogConfig) -> dg
 
 
 @dg.asset(deps=[orders_log], description="Records per bucket, read back through Spark.")
-def orders_per_bucket(pyspark: PySparkResource) -> dg.MaterializeResult:
+def orders_per_bucket(pyspark: LazyPySparkResource) -> dg.MaterializeResult:
     spark = session_of(pyspark)
     started = time.monotonic()
     rows = (

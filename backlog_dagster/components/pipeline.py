@@ -18,13 +18,13 @@ the pipeline's backlog settings unless the run's config overrides them.
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
 import dagster as dg
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from backlog_dagster.components.scaffold import BacklogPipelineScaffolder
 from backlog_dagster.pipeline.config import PipelineConfig
@@ -47,6 +47,8 @@ class BacklogRunConfig(dg.Config):
     shuffle_partitions: str | None = None
     """``auto`` or a number."""
     adaptive_query_execution: bool = True
+    spark_conf: dict[str, str] = Field(default_factory=dict)
+    """Spark settings of this run, over the pipeline's ``backlog.spark_conf``."""
 
 
 class RealtimeRunConfig(dg.Config):
@@ -57,6 +59,8 @@ class RealtimeRunConfig(dg.Config):
     standby_for_generation: int = 0
     """Not 0: a standby run, started while that generation's backlog runs (see
     ``phases.standby``)."""
+    spark_conf: dict[str, str] = Field(default_factory=dict)
+    """Spark settings of this run, over the pipeline's ``realtime.spark_conf``."""
 
 
 @dg.scaffold_with(BacklogPipelineScaffolder)
@@ -178,15 +182,26 @@ def with_paths_under(config: PipelineConfig, root: Path) -> PipelineConfig:
 
 
 @contextmanager
-def pipeline_spark(pipeline: PipelineConfig, phase: str) -> Iterator["SparkSession"]:
+def pipeline_spark(
+    pipeline: PipelineConfig, phase: str, run_conf: Mapping[str, str] = {}
+) -> Iterator["SparkSession"]:
     """The run's Spark session on the pipeline's master (read from the environment when
-    it says ``{env: NAME}``); errors of the block never show a master read from there."""
+    it says ``{env: NAME}``), with the phase's ``spark_conf`` and then the run's; errors
+    of the block never show a master read from there."""
     from backlog_dagster.pipeline.secrets import resolve, secret_kept_out
     from backlog_dagster.spark.session import get_session
 
+    phase_conf = pipeline.backlog.spark_conf if phase == "backlog" else pipeline.realtime.spark_conf
     master = resolve(pipeline.spark_master, "spark_master")
     with secret_kept_out(pipeline.spark_master, master):
-        yield get_session(master, app_name=f"{phase}-{pipeline.name}")
+        session = get_session(master, f"{phase}-{pipeline.name}", {**phase_conf, **run_conf})
+        try:
+            yield session
+        finally:
+            # A Spark Connect server outlives the run: let go of the run's session there
+            # (its cached data, any query left) now rather than at the session timeout.
+            if master.startswith("sc://"):
+                session.stop()
 
 
 def user_error_types() -> tuple[type[Exception], ...]:
@@ -201,6 +216,7 @@ def user_error_types() -> tuple[type[Exception], ...]:
     from backlog_dagster.pipeline.secrets import SettingUnset
     from backlog_dagster.sink import SinkUnreachable
     from backlog_dagster.source import SourceError
+    from backlog_dagster.spark.session import SparkSettingRefused
 
     return (
         BadRecord,
@@ -210,6 +226,7 @@ def user_error_types() -> tuple[type[Exception], ...]:
         SettingUnset,
         SinkUnreachable,
         SourceError,
+        SparkSettingRefused,
         TransformError,
     )
 
@@ -241,7 +258,7 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
         with (
             user_errors(defs_file),
             heartbeat(pipeline, context.run.run_id),
-            pipeline_spark(pipeline, "backlog") as spark,
+            pipeline_spark(pipeline, "backlog", config.spark_conf) as spark,
         ):
             settings = pipeline.backlog
             if config.shuffle_partitions is not None:
@@ -325,7 +342,7 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
                 heartbeat(pipeline, context.run.run_id),
                 open_sink(pipeline) as sink,
                 open_sink(pipeline) as status_sink,
-                pipeline_spark(pipeline, "realtime") as spark,
+                pipeline_spark(pipeline, "realtime", config.spark_conf) as spark,
             ):
                 if config.standby_for_generation:
                     warm_up(spark, pipeline)
@@ -401,10 +418,6 @@ def status_metadata(status: "RealtimeStatus") -> dict[str, dg.MetadataValue]:
     if status.watermark is not None and status.watermark_lag_s is not None:
         metadata["watermark"] = dg.MetadataValue.text(status.watermark)
         metadata["watermark_lag_s"] = dg.MetadataValue.float(round(status.watermark_lag_s, 3))
-    if status.first_batch_committed_at is not None:
-        metadata["first_batch_committed_at"] = dg.MetadataValue.timestamp(
-            status.first_batch_committed_at
-        )
     return metadata
 
 

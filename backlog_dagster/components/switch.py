@@ -70,6 +70,7 @@ def backlog_run_config(config: PipelineConfig) -> dict[str, Any]:
                     "checkpoint_interval": backlog.checkpoint_interval,
                     "shuffle_partitions": str(backlog.shuffle_partitions),
                     "adaptive_query_execution": True,
+                    "spark_conf": dict(backlog.spark_conf),
                 }
             }
         }
@@ -89,6 +90,7 @@ def realtime_run_config(config: PipelineConfig, standby_for: int = 0) -> dict[st
                     "checkpoint_interval": realtime.checkpoint_interval,
                     "shuffle_partitions": realtime.shuffle_partitions,
                     "standby_for_generation": standby_for,
+                    "spark_conf": dict(realtime.spark_conf),
                 }
             }
         }

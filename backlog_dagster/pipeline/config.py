@@ -69,6 +69,31 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def check_spark_conf(conf: dict[str, str]) -> dict[str, str]:
+    for key in conf:
+        if not key.startswith("spark."):
+            raise ValueError(f"{key!r} is not a Spark setting (they start with 'spark.')")
+    return conf
+
+
+def _as_text(value: object) -> object:
+    """YAML's ``4`` or ``true`` as the text Spark reads (``4``, ``true``)."""
+    if isinstance(value, dict):
+        return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+    return value
+
+
+#: A phase's Spark settings, ``{spark.executor.memory: 2g, ...}``.
+SparkConf = Annotated[dict[str, str], BeforeValidator(_as_text), AfterValidator(check_spark_conf)]
+_SPARK_CONF_HELP = (
+    "Spark settings for this phase's runs, shown in each run's config. Launch settings "
+    "(spark.executor.memory, spark.executor.cores, spark.cores.max, spark.driver.memory) "
+    "take effect where a run starts its own Spark (local[*], a standalone cluster); a "
+    "Spark Connect server fixed them when it started, and a run refuses them there. "
+    "Session settings (spark.sql.*) apply everywhere."
+)
+
+
 class FromEnv(Frozen):
     """A setting read from an environment variable when a run starts (Dagster's ``EnvVar``).
 
@@ -329,6 +354,7 @@ class BacklogConfig(Frozen):
     records_per_shuffle_partition: int = Field(
         2_000_000, gt=0, description="With auto: about this many input records per partition."
     )
+    spark_conf: SparkConf = Field(default_factory=dict, description=_SPARK_CONF_HELP)
 
 
 class RealtimeConfig(Frozen):
@@ -350,6 +376,7 @@ class RealtimeConfig(Frozen):
         "the run ends; the sink, not the checkpoint, holds progress). A relative path "
         "resolves under the data root.",
     )
+    spark_conf: SparkConf = Field(default_factory=dict, description=_SPARK_CONF_HELP)
 
 
 class SwitchConfig(Frozen):

@@ -5,21 +5,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from dagster_pyspark import PySparkResource
+from dagster_pyspark import LazyPySparkResource
 
-from backlog_dagster.spark.session import DEFAULT_CONF, register_source, use_this_python
+from backlog_dagster.spark.session import register_source, spark_config, use_this_python
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def spark_resource(master: str = "local[*]", conf: Mapping[str, str] = {}) -> PySparkResource:
-    """A ``PySparkResource`` whose sessions run this interpreter's Python workers."""
+def spark_resource(
+    master: str = "local[*]", app_name: str = "backlog-dagster", conf: Mapping[str, str] = {}
+) -> LazyPySparkResource:
+    """dagster-pyspark's lazy resource for a session on ``master`` (local, a cluster, or a
+    Spark Connect server), whose Python workers run this interpreter."""
     use_this_python()
-    return PySparkResource(spark_config={"spark.master": master, **DEFAULT_CONF, **conf})
+    return LazyPySparkResource(spark_config=spark_config(master, app_name, conf))
 
 
-def session_of(resource: PySparkResource) -> SparkSession:
+def session_of(resource: LazyPySparkResource) -> SparkSession:
     """The resource's session, with the ``bucketlog`` source registered on it."""
     session = resource.spark_session
     register_source(session)

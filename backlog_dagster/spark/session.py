@@ -41,24 +41,47 @@ def use_this_python() -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
+class SparkSettingRefused(ValueError):
+    """A launch setting asked of a Spark that was launched already (a Connect server)."""
+
+
+def spark_config(master: str, app_name: str, conf: Mapping[str, str] = {}) -> dict[str, str]:
+    """Every setting of a session on ``master``: this project's defaults, then ``conf``.
+
+    A Spark Connect server (``sc://``) takes session (``spark.sql.*``) settings only; a
+    launch setting for it is refused, naming it, rather than silently not applied.
+    """
+    if not master.startswith("sc://"):
+        return {"spark.master": master, "spark.app.name": app_name, **DEFAULT_CONF, **conf}
+    fixed = sorted(key for key in conf if not key.startswith("spark.sql."))
+    if fixed:
+        raise SparkSettingRefused(
+            f"spark_conf: {', '.join(fixed)} cannot be set per run on a Spark Connect "
+            "server (it fixed them when it started); give them to the server instead "
+            "(backlog-dagster spark connect-server --conf KEY=VALUE), or drop them"
+        )
+    return {"spark.remote": master, **SESSION_CONF, **conf}
+
+
 def get_session(
     master: str = "local[*]", app_name: str = "backlog-dagster", conf: Mapping[str, str] = {}
 ) -> SparkSession:
     """Get or create the session and register the ``bucketlog`` data source on it.
 
     ``master`` may be ``local[*]``, a cluster URL, or a Spark Connect URL (``sc://…``).
+    The session is dagster-pyspark's (``spark.resource``), built from ``spark_config``.
     """
-    use_this_python()
-    from pyspark.sql import SparkSession
+    from backlog_dagster.spark.resource import session_of, spark_resource
 
-    remote = master.startswith("sc://")
-    builder = SparkSession.builder.appName(app_name)
-    builder = builder.remote(master) if remote else builder.master(master)
-    for key, value in {**(SESSION_CONF if remote else DEFAULT_CONF), **conf}.items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    register_source(session)
-    return session
+    return session_of(spark_resource(master, app_name, conf))
+
+
+def runs_elsewhere(spark: SparkSession) -> bool:
+    """Whether the session's executors may be on other machines (Spark Connect, a
+    cluster) rather than in this process's local Spark."""
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        return True
+    return not (spark.sparkContext.master or "").startswith("local")
 
 
 def register_source(session: SparkSession) -> None:
