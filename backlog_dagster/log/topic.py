@@ -35,6 +35,11 @@ _METADATA_FILE = "topic.sqlite"
 JSON_VALUE_COLUMN = "value"
 
 
+def _is_file(path: str) -> bool:
+    """Run on an executor, by ``Topic.check_reachable``."""
+    return Path(path).is_file()
+
+
 class TopicError(SourceError):
     """A topic that is missing, already exists, or is asked for something it lacks."""
 
@@ -169,6 +174,20 @@ class Topic:
         from backlog_dagster.spark.source import FORMAT
 
         return spark.readStream.format(FORMAT).option("path", str(self.path))
+
+    def check_reachable(self, spark: SparkSession) -> None:
+        """One one-task job: does an executor see the topic at the same path?"""
+        from pyspark.sql import functions as F
+
+        metadata = str(self.path / _METADATA_FILE)
+        seen = F.udf(_is_file, "boolean")
+        row = spark.range(1).select(seen(F.lit(metadata)).alias("seen")).first()
+        if row is None or not row["seen"]:
+            raise TopicError(
+                f"topic {self.path}: Spark's executors do not see it at that path; the "
+                "embedded log must be on a filesystem the executors share (the same path on "
+                "every machine), or run Spark on this machine"
+            )
 
     def close(self) -> None:
         for bucket in self._buckets.values():

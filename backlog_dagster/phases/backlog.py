@@ -46,6 +46,7 @@ from backlog_dagster.phases.truncation import handle_truncation, removed_unread
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import BucketState, Generation, Sink
 from backlog_dagster.source import Source, open_source
+from backlog_dagster.spark.session import runs_elsewhere
 from backlog_dagster.spark.source import share_read_limit
 
 if TYPE_CHECKING:
@@ -120,6 +121,8 @@ def _run_backlog(
     started = time.monotonic()
     with open_source(config) as topic:
         check_against_source(config, topic)
+        if runs_elsewhere(spark):
+            topic.check_reachable(spark)
         generation = current_generation(sink, topic, config, log)
         generation, skipped = _past_removed(sink, topic, config, generation, log)
     report = BacklogReport(generation.number, skipped_records=skipped)

@@ -103,6 +103,10 @@ class Source(Protocol):
         """A Spark stream reader over the source; the caller adds ``startingOffsets``
         and ``maxRecordsPerTrigger``."""
 
+    def check_reachable(self, spark: SparkSession) -> None:
+        """Raise ``SourceError``, saying what to fix, if Spark's executors cannot read the
+        source (a path they do not share, servers they cannot reach): a tiny job."""
+
     def close(self) -> None: ...
 
     def __enter__(self) -> Self: ...
