@@ -6,12 +6,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,6 +157,53 @@ def holding(
             yield connection
         finally:
             connection.rollback()
+
+
+@contextmanager
+def stopped_commits(dsn: str, pipeline: str, among: Callable[[], set[int]]) -> Iterator[int]:
+    """SIGSTOP, for the block, the process (one of ``among()``) whose sink connection
+    commits ``pipeline``'s micro-batches, at a moment it is between commits (its
+    connection idle, no transaction open, so it holds no lock). Yields its id."""
+    deadline = time.monotonic() + 120
+    with psycopg.connect(dsn, autocommit=True) as watcher:
+        while True:
+            assert time.monotonic() < deadline, f"no idle commit process of {pipeline}"
+            ports = {
+                int(port): state
+                for port, state in watcher.execute(
+                    "SELECT client_port, state FROM pg_stat_activity WHERE application_name = %s",
+                    (f"backlog-dagster {pipeline}",),
+                ).fetchall()
+            }
+            owner = next((pid for pid in among() if _local_ports(pid) & set(ports)), None)
+            if owner is None:
+                time.sleep(0.5)
+                continue
+            os.kill(owner, signal.SIGSTOP)
+            idle = watcher.execute(
+                "SELECT bool_and(state = 'idle') FROM pg_stat_activity "
+                "WHERE application_name = %s AND client_port = ANY(%s)",
+                (f"backlog-dagster {pipeline}", sorted(_local_ports(owner))),
+            ).fetchone()
+            if idle is not None and idle[0]:
+                break
+            os.kill(owner, signal.SIGCONT)
+            time.sleep(0.2)
+    try:
+        yield owner
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(owner, signal.SIGCONT)
+
+
+def _local_ports(pid: int) -> set[int]:
+    """The local ports of the process's TCP connections (none if it is gone)."""
+    import psutil
+
+    try:
+        return {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.laddr}
+    except psutil.Error:
+        return set()
 
 
 @contextmanager

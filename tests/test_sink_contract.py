@@ -190,11 +190,20 @@ def test_the_run_lock_excludes_another_holder_and_a_dead_holder_lets_go(
         with open_sink(config) as sink:
             with sink.run_lock("second run", 0.3) as held:
                 assert not held
+                assert not sink.keep_run_lock()
             assert sink.lock_holder().startswith(f"backlog run, process {holder.pid}")
+            # What a realtime query's commit asks, from whatever process it runs in.
+            assert sink.holds_run_lock("backlog run")
+            assert not sink.holds_run_lock("second run")
             os.kill(holder.pid, signal.SIGKILL)
             holder.wait()
+            assert not sink.holds_run_lock("backlog run")
             with sink.run_lock("second run", 10) as held:
-                assert held
+                assert held and sink.keep_run_lock()
+                assert sink.holds_run_lock("second run")
+                with open_sink(config) as other:
+                    assert other.holds_run_lock("second run")
+            assert not sink.keep_run_lock()
     finally:
         holder.kill()
 
@@ -307,6 +316,32 @@ def test_postgres_commit_survives_its_connection_terminated_mid_commit(
         assert row["orders"] == 2
         held = sink.current_generation()
         assert held is not None and held.buckets[0].reached == 3
+
+
+def test_postgres_run_lock_is_taken_again_after_its_connection_was_lost(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    """A server restart or a terminated backend ends the lock's connection, and the
+    server lets go of the lock: the run takes it again, unless another run took it."""
+    config = on_sink(pipeline(tmp_path, CUSTOMER_TOTALS), "postgres", postgres_dsn)
+    with open_sink(config) as sink, sink.run_lock("realtime run a", 0) as held:
+        assert held
+
+        def end_lock_connection() -> None:
+            with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name LIKE 'realtime run a, %'"
+                )
+
+        end_lock_connection()
+        time.sleep(0.5)
+        assert not sink.holds_run_lock("realtime run a")
+        assert sink.keep_run_lock() and sink.holds_run_lock("realtime run a")
+        end_lock_connection()
+        with open_sink(config) as other, other.run_lock("realtime run b", 5) as taken:
+            assert taken
+            assert not sink.keep_run_lock()
 
 
 def test_postgres_password_is_in_no_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,15 +1,17 @@
 """The switch, end to end through `dagster dev`: its daemon, the sensors, real runs.
 
-This session runs on PostgreSQL: Dagster's own storage (``deploy/dagster-postgres.yaml``)
-and both example pipelines' sinks, the latter on a server of the test's own so that the
-test may restart it. (The crash matrix runs the example on the embedded SQLite sink.)
+This session runs on PostgreSQL and a shared Spark: Dagster's own storage
+(``deploy/dagster-postgres.yaml``) and both example pipelines' sinks, the latter on a
+server of the test's own so that the test may restart it; every run's Spark is one
+Spark Connect server the test starts (so a realtime query, and its commits, run on the
+server, and outlive a run that dies). (The crash matrix runs the example on the embedded
+SQLite sink, each run with a Spark of its own.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import shutil
 import signal
 import threading
@@ -24,23 +26,32 @@ from dagster_graphql import DagsterGraphQLClient
 
 from backlog_dagster.components.dev_server import (
     POSTGRES_INSTANCE,
+    all_of,
     copy_project,
     on_postgres,
+    on_spark,
     postgres_url,
-    process_kind,
-    processes_under,
 )
 from backlog_dagster.log import Topic
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import open_sink
+from backlog_dagster.spark import servers
+from backlog_dagster.spark.servers import SparkServer, connect_server
 from tests.conftest import MakeTopic, append_orders
 from tests.dagster_server import ROOT, dagster_dev, kill_run_worker, wait_for_run
 from tests.pipelines import assert_customer_totals, assert_region_minutes, example_config
-from tests.postgres import PrivateServer, example_servers, holding, wait_for_blocked_merge
+from tests.postgres import (
+    PrivateServer,
+    example_servers,
+    holding,
+    stopped_commits,
+    wait_for_blocked_merge,
+)
 
 #: The example's pipelines, by name, as this session declares them.
 Configs = dict[str, PipelineConfig]
 SINK_DSN = "BACKLOG_TEST_SINK_DSN"
+SPARK_URL = "BACKLOG_TEST_SPARK"
 
 
 def sink_state(configs: Configs, pipeline: str) -> tuple[str, dict[int, int]]:
@@ -80,26 +91,32 @@ def runs_of(instance: dg.DagsterInstance, job: str) -> list[dg.DagsterRun]:
 def test_the_example_under_dagster_dev_switches_recovers_goes_back_and_returns(
     make_topic: MakeTopic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both pipelines of the example project in one `dagster dev` session, on PostgreSQL.
+    """Both pipelines of the example project in one `dagster dev` session, on PostgreSQL
+    and a Spark Connect server.
 
     A backlog run launched as the UI does races the sensor's; customer_totals switches
     with its realtime run's own config, survives its realtime run's death mid-commit and
     stays cancelled when the user says so; region_minutes stalls, goes back into backlog
-    and returns; the sink's connection is ended and its server restarted. One session
-    instead of several: each costs two cold Spark starts per pipeline.
+    and returns; the sink's connection is ended and its server restarted; the Connect
+    server is killed and started again. One session instead of several: each costs a
+    `dagster dev` start and a backlog per pipeline.
     """
     topic = make_topic(records=100_000, buckets=4, name="example/orders")
     project, home = tmp_path / "project", tmp_path / "dagster_home"
-    copy_project(ROOT, project, on_postgres("example", SINK_DSN))
+    copy_project(ROOT, project, all_of(on_postgres("example", SINK_DSN), on_spark(SPARK_URL)))
     home.mkdir()
     shutil.copy(ROOT / POSTGRES_INSTANCE, home / "dagster.yaml")
     configs = {
         name: example_config(name, tmp_path, project)
         for name in ("customer_totals", "region_minutes")
     }
-    with example_servers() as (dagster_dsn, sink_dsn, sink_server):
+    with (
+        example_servers() as (dagster_dsn, sink_dsn, sink_server),
+        connect_server(tmp_path / "spark") as spark,
+    ):
         monkeypatch.setenv("DAGSTER_POSTGRES_URL", postgres_url(dagster_dsn))
         monkeypatch.setenv(SINK_DSN, sink_dsn)
+        monkeypatch.setenv(SPARK_URL, spark.url)
         with dagster_dev(home, tmp_path, project) as client:
             instance = dg.DagsterInstance.from_config(str(home))
             assert type(instance.run_storage).__name__ == "PostgresRunStorage"
@@ -123,6 +140,8 @@ def test_the_example_under_dagster_dev_switches_recovers_goes_back_and_returns(
                 instance,
                 configs,
                 topic,
+                spark,
+                sink_dsn,
                 meanwhile=lambda: killed_realtime_run_is_restarted(instance, configs, sink_dsn),
             )
             wait_until(
@@ -133,7 +152,11 @@ def test_the_example_under_dagster_dev_switches_recovers_goes_back_and_returns(
             the_sink_survives_a_lost_connection_and_a_server_restart(
                 instance, configs, topic, sink_dsn, sink_server
             )
-            cancelled_realtime_run_stays_cancelled(instance, client)
+            spark = the_shared_spark_dies_and_comes_back(instance, configs, topic, spark)
+            try:
+                cancelled_realtime_run_stays_cancelled(instance, client)
+            finally:
+                servers.stop(spark)
             instance.dispose()
 
 
@@ -179,6 +202,7 @@ def customer_totals_switches_with_its_own_config(
         "checkpoint_interval": 2.0,
         "shuffle_partitions": 4,
         "standby_for_generation": 1,
+        "spark_conf": {},
     }
 
     finishes = observations(instance, "customer_totals_backlog", "bucket")
@@ -283,9 +307,59 @@ def the_sink_survives_a_lost_connection_and_a_server_restart(
     assert_region_minutes(configs["region_minutes"], topic.path)
 
 
+def the_shared_spark_dies_and_comes_back(
+    instance: dg.DagsterInstance, configs: Configs, topic: Topic, spark: SparkServer
+) -> SparkServer:
+    """The Connect server every run uses is SIGKILLed while live records arrive, and
+    started again on its port 10 s later: the runs on it fail, the sensor starts others
+    once it is back, and the results are exact. Returns the new server."""
+    producer = LiveProducer(topic.path, per_second=1_000)
+    producer.start()
+    try:
+        before = {name: committed(configs, name) for name in configs}
+        runs_before = {
+            name: {r.run_id for r in runs_of(instance, f"{name}_realtime_job")} for name in configs
+        }
+        servers.stop(spark, signal.SIGKILL)
+        killed_at = time.monotonic()
+        time.sleep(10)
+        spark = servers.start_connect_server(spark.port, spark.log.parent)
+        servers.wait_until_listening(spark)
+
+        def recovered(name: str) -> bool:
+            started = [
+                r
+                for r in runs_of(instance, f"{name}_realtime_job")
+                if r.run_id not in runs_before[name] and r.status == dg.DagsterRunStatus.STARTED
+            ]
+            return bool(started) and committed(configs, name) > before[name]
+
+        for name in configs:
+            wait_until(
+                lambda n=name: recovered(n),  # type: ignore[misc]
+                420,
+                f"{name} to commit again in a new realtime run",
+            )
+        print(
+            f"\nboth pipelines committed again {time.monotonic() - killed_at:.0f} s after the kill"
+        )
+    finally:
+        producer.stop()
+    for name in configs:
+        wait_until(
+            lambda n=name: sink_state(configs, n)[1] == topic.latest_offsets(),  # type: ignore[misc]
+            300,
+            f"{name} to catch up",
+        )
+    assert_customer_totals(configs["customer_totals"], topic.path)
+    assert_region_minutes(configs["region_minutes"], topic.path)
+    return spark
+
+
 def cancelled_realtime_run_stays_cancelled(
     instance: dg.DagsterInstance, client: DagsterGraphQLClient
 ) -> None:
+    runs = len(runs_of(instance, "customer_totals_realtime_job"))
     run_id = runs_of(instance, "customer_totals_realtime_job")[0].run_id
     client.terminate_run(run_id)
     wait_until(
@@ -297,7 +371,7 @@ def cancelled_realtime_run_stays_cancelled(
         "the cancellation",
     )
     time.sleep(15)  # three sensor ticks: a cancelled realtime run stays cancelled
-    assert len(runs_of(instance, "customer_totals_realtime_job")) == 2
+    assert len(runs_of(instance, "customer_totals_realtime_job")) == runs
 
 
 def _by_sensor(run: dg.DagsterRun) -> bool:
@@ -322,15 +396,16 @@ class LiveProducer(threading.Thread):
         self.join(30)
 
 
-def spark_jvms_of(instance: dg.DagsterInstance, run_id: str) -> list[int]:
-    """The Java processes started under the processes that logged events for ``run_id``."""
-    parents = {
-        entry.dagster_event.pid
-        for entry in instance.all_logs(run_id)
-        if entry.dagster_event is not None and entry.dagster_event.pid
-    }
-    under = set().union(*(processes_under(pid) for pid in parents))
-    return [pid for pid in under if process_kind(pid) == "spark_jvm"]
+def foreach_batch_workers(spark: SparkServer) -> set[int]:
+    """The Python processes in which the Connect server runs queries' commits."""
+    import psutil
+
+    found = set()
+    for process in psutil.Process(spark.process.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "foreach_batch_worker" in " ".join(process.cmdline()):
+                found.add(process.pid)
+    return found
 
 
 def committed(configs: Configs, pipeline: str) -> int:
@@ -344,14 +419,20 @@ def phase_history(configs: Configs, pipeline: str) -> list[tuple[int, str, float
 
 
 def stall_region_minutes_and_see_it_come_back(
-    instance: dg.DagsterInstance, configs: Configs, topic: Topic, meanwhile: Callable[[], None]
+    instance: dg.DagsterInstance,
+    configs: Configs,
+    topic: Topic,
+    spark: SparkServer,
+    sink_dsn: str,
+    meanwhile: Callable[[], None],
 ) -> None:
     """The example's region_minutes (lag threshold 2 min) goes back into backlog and returns.
 
-    Its realtime run's Spark JVM is stopped while records keep arriving: the run's
-    heartbeat goes on, the watermark does not, and once the lag has been above the
-    threshold for the grace period the sensor goes back into backlog. ``meanwhile`` runs
-    while it stalls (at least the 2 minutes of the threshold), with live records arriving.
+    The process on the Connect server that commits its realtime query's micro-batches is
+    stopped (between two commits) while records keep arriving: the run's heartbeat goes
+    on, the watermark does not, and once the lag has been above the threshold for the
+    grace period the sensor goes back into backlog. ``meanwhile`` runs while it stalls
+    (at least the 2 minutes of the threshold), with live records arriving.
     """
 
     def realtime_run() -> dg.DagsterRun | None:
@@ -376,12 +457,8 @@ def stall_region_minutes_and_see_it_come_back(
         )
         run = realtime_run()
         assert run is not None
-        stalled = spark_jvms_of(instance, run.run_id)
-        assert stalled, "no Spark JVM under the realtime run"
         seen = len(phase_history(configs, "region_minutes"))
-        for pid in stalled:
-            os.kill(pid, signal.SIGSTOP)
-        try:
+        with stopped_commits(sink_dsn, "region_minutes", lambda: foreach_batch_workers(spark)):
             meanwhile()
 
             def went_back() -> bool:
@@ -392,10 +469,6 @@ def stall_region_minutes_and_see_it_come_back(
                 )
 
             wait_until(went_back, 300, "the way back into backlog")
-        finally:
-            for pid in stalled:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
         way_back = len(phase_history(configs, "region_minutes"))
         wait_until(
             lambda: any(

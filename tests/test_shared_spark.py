@@ -1,0 +1,191 @@
+"""Pipelines on a Spark that outlives runs, started by the tests on loopback from the
+pyspark installation: a Spark Connect server, and a standalone cluster of two workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from backlog_dagster.phases.micro_batch import LOCK_PATIENCE_S
+from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.sink import open_sink
+from backlog_dagster.spark import servers
+from backlog_dagster.spark.session import SparkSettingRefused, spark_config
+from tests.conftest import MakeTopic, append_orders
+from tests.pipelines import (
+    CUSTOMER_TOTALS,
+    assert_same,
+    customer_totals_oracle,
+    pipeline,
+    records_up_to,
+    write_defs,
+)
+from tests.test_backlog import kill_all, start_phase, wait_for
+from tests.test_realtime import reached
+
+
+@pytest.fixture(scope="module")
+def connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.SparkServer]:
+    with servers.connect_server(tmp_path_factory.mktemp("connect"), master="local[2]") as server:
+        yield server
+
+
+def commit_workers(server: servers.SparkServer) -> set[int]:
+    """The Python processes in which the Connect server runs queries' ``foreachBatch``."""
+    found = set()
+    for process in psutil.Process(server.process.pid).children(recursive=True):
+        try:
+            if "foreach_batch_worker" in " ".join(process.cmdline()):
+                found.add(process.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_on_spark_connect_a_dead_runs_query_commits_nothing_and_stops_and_the_next_run_is_exact(
+    connect: servers.SparkServer, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """Both phases run on the server; the realtime commits run there too. The realtime
+    run's process is SIGKILLed: its query lives on in the server, but commits nothing
+    more (its run no longer holds the run lock) and stops; the next run goes on from the
+    sink's progress, and the results equal the oracle."""
+    topic = make_topic(records=20_000, buckets=3)
+    config = pipeline(
+        tmp_path, CUSTOMER_TOTALS, realtime={"checkpoint_interval": 0.3}, spark_master=connect.url
+    )
+    defs = write_defs(tmp_path / "defs" / "customer_totals", config, data=tmp_path)
+    backlog = start_phase(defs, tmp_path)
+    output, _ = backlog.communicate(timeout=300)
+    assert backlog.returncode == 0, output
+    done = sum(reached(config).values())
+    assert done == 20_000
+
+    run = start_phase(defs, tmp_path, phase="realtime")
+    deadline = time.monotonic() + 180
+    while sum(reached(config).values()) == done:  # live load until a batch commits
+        assert time.monotonic() < deadline, "the realtime run committed nothing"
+        append_orders(topic, 1_000)
+        time.sleep(0.3)
+    assert commit_workers(connect), "the commits do not run on the Connect server"
+    kill_all(run)  # the client only: the query and its commits are on the server
+    time.sleep(2)  # a commit that passed its check before the kill completes
+    at_kill = reached(config)
+    append_orders(topic, 5_000)
+    time.sleep(LOCK_PATIENCE_S + 5)
+    assert reached(config) == at_kill, "the dead run's query went on committing"
+    wait_for(lambda: not commit_workers(connect), timeout=60)  # and it stopped
+
+    rerun = start_phase(defs, tmp_path, phase="realtime")
+    wait_for(lambda: reached(config) == topic.latest_offsets(), timeout=180)
+    rerun.send_signal(signal.SIGTERM)
+    output, _ = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0, output
+    with open_sink(config) as sink:
+        results = sink.read_results().to_pandas()
+    oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
+    assert_same(results, oracle, ["customer_id"])
+
+
+def test_a_launch_setting_for_a_connect_server_is_refused_by_name() -> None:
+    settings = spark_config("sc://127.0.0.1:15002", "x", {"spark.sql.shuffle.partitions": "3"})
+    assert settings["spark.remote"] == "sc://127.0.0.1:15002"
+    assert settings["spark.sql.shuffle.partitions"] == "3"
+    assert "spark.driver.memory" not in settings
+    with pytest.raises(SparkSettingRefused, match=r"spark\.executor\.memory.*--conf"):
+        spark_config("sc://127.0.0.1:15002", "x", {"spark.executor.memory": "2g"})
+    local = spark_config("local[2]", "x", {"spark.executor.memory": "2g"})
+    assert local["spark.master"] == "local[2]" and local["spark.executor.memory"] == "2g"
+
+
+def test_spark_conf_is_checked_and_read_as_text(tmp_path: Path) -> None:
+    config = pipeline(
+        tmp_path,
+        CUSTOMER_TOTALS,
+        backlog={
+            "spark_conf": {"spark.sql.shuffle.partitions": 16, "spark.sql.ansi.enabled": True}
+        },
+    )
+    assert config.backlog.spark_conf == {
+        "spark.sql.shuffle.partitions": "16",
+        "spark.sql.ansi.enabled": "true",
+    }
+    with pytest.raises(ValueError, match=r"'executor\.memory' is not a Spark setting"):
+        pipeline(tmp_path, CUSTOMER_TOTALS, realtime={"spark_conf": {"executor.memory": "2g"}})
+
+
+def test_on_a_standalone_cluster_killed_workers_lose_nothing(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """A master and two workers, each its own JVM with its own executors and Python
+    workers. One worker (with its executor) is SIGKILLed mid-backlog, another mid-realtime:
+    their tasks run again on the workers left, and the results equal the oracle."""
+    topic = make_topic(records=400_000, buckets=4)
+    with servers.standalone_cluster(tmp_path / "cluster", workers=2, cores=1) as (master, workers):
+        # Both workers' executors for each run: a killed worker takes part of the work.
+        spread = {"spark.cores.max": "2", "spark.executor.cores": "1"}
+        config: PipelineConfig = pipeline(
+            tmp_path,
+            CUSTOMER_TOTALS,
+            spark_master=master.url,
+            backlog={"spark_conf": spread, "shuffle_partitions": 8},
+            realtime={"spark_conf": spread, "checkpoint_interval": 0.5},
+        )
+        defs = write_defs(tmp_path / "defs" / "customer_totals", config, data=tmp_path)
+        backlog = start_phase(defs, tmp_path)
+        assert backlog.stdout is not None
+        for line in backlog.stdout:
+            if "records to read up to the markers" in line:
+                break
+        wait_for(lambda: executors_of(workers[0]) and executors_of(workers[1]), timeout=120)
+        killed_at = time.monotonic()
+        os.killpg(workers[0].process.pid, signal.SIGKILL)
+        output, _ = backlog.communicate(timeout=600)
+        assert backlog.returncode == 0, output
+        print(f"\nbacklog finished {time.monotonic() - killed_at:.1f} s after a worker died")
+        assert sum(reached(config).values()) == 400_000
+
+        replacement = servers.start_worker(master.url, tmp_path / "cluster", cores=1)
+        servers.wait_until_listening(replacement)
+        run = start_phase(defs, tmp_path, phase="realtime")
+        try:
+            wait_for(lambda: executors_of(workers[1]) and executors_of(replacement), timeout=180)
+            for _ in range(10):
+                append_orders(topic, 2_000, live=True)
+                time.sleep(0.3)
+            os.killpg(workers[1].process.pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            for _ in range(10):
+                append_orders(topic, 2_000, live=True)
+                time.sleep(0.3)
+            wait_for(lambda: reached(config) == topic.latest_offsets(), timeout=300)
+            print(f"realtime caught up {time.monotonic() - killed_at:.1f} s after a worker died")
+        finally:
+            run.send_signal(signal.SIGTERM)
+            output, _ = run.communicate(timeout=120)
+            servers.stop(replacement)
+        assert run.returncode == 0, output
+    with open_sink(config) as sink:
+        results = sink.read_results().to_pandas()
+    oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
+    assert_same(results, oracle, ["customer_id"])
+
+
+def executors_of(worker: servers.SparkServer) -> bool:
+    """Whether the worker runs an executor (a JVM it started) now."""
+    try:
+        children = psutil.Process(worker.process.pid).children(recursive=True)
+    except psutil.Error:
+        return False
+    for child in children:
+        try:
+            if "CoarseGrainedExecutorBackend" in " ".join(child.cmdline()):
+                return True
+        except psutil.Error:
+            continue
+    return False
