@@ -10,7 +10,6 @@ SQLite sink, each run with a Spark of its own.)
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import shutil
 import signal
@@ -47,6 +46,7 @@ from tests.postgres import (
     stopped_commits,
     wait_for_blocked_merge,
 )
+from tests.test_shared_spark import commit_workers
 
 #: The example's pipelines, by name, as this session declares them.
 Configs = dict[str, PipelineConfig]
@@ -297,14 +297,7 @@ def the_sink_survives_a_lost_connection_and_a_server_restart(
         assert run is not None and run.status == dg.DagsterRunStatus.STARTED
     finally:
         producer.stop()
-    for name in configs:
-        wait_until(
-            lambda n=name: sink_state(configs, n)[1] == topic.latest_offsets(),  # type: ignore[misc]
-            300,
-            f"{name} to catch up",
-        )
-    assert_customer_totals(configs["customer_totals"], topic.path)
-    assert_region_minutes(configs["region_minutes"], topic.path)
+    caught_up_and_exact(configs, topic)
 
 
 def the_shared_spark_dies_and_comes_back(
@@ -345,6 +338,12 @@ def the_shared_spark_dies_and_comes_back(
         )
     finally:
         producer.stop()
+    caught_up_and_exact(configs, topic)
+    return spark
+
+
+def caught_up_and_exact(configs: Configs, topic: Topic) -> None:
+    """Both pipelines reach the log's end, and their results equal the oracle."""
     for name in configs:
         wait_until(
             lambda n=name: sink_state(configs, n)[1] == topic.latest_offsets(),  # type: ignore[misc]
@@ -353,7 +352,6 @@ def the_shared_spark_dies_and_comes_back(
         )
     assert_customer_totals(configs["customer_totals"], topic.path)
     assert_region_minutes(configs["region_minutes"], topic.path)
-    return spark
 
 
 def cancelled_realtime_run_stays_cancelled(
@@ -394,18 +392,6 @@ class LiveProducer(threading.Thread):
     def stop(self) -> None:
         self.stopping.set()
         self.join(30)
-
-
-def foreach_batch_workers(spark: SparkServer) -> set[int]:
-    """The Python processes in which the Connect server runs queries' commits."""
-    import psutil
-
-    found = set()
-    for process in psutil.Process(spark.process.pid).children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if "foreach_batch_worker" in " ".join(process.cmdline()):
-                found.add(process.pid)
-    return found
 
 
 def committed(configs: Configs, pipeline: str) -> int:
@@ -458,7 +444,7 @@ def stall_region_minutes_and_see_it_come_back(
         run = realtime_run()
         assert run is not None
         seen = len(phase_history(configs, "region_minutes"))
-        with stopped_commits(sink_dsn, "region_minutes", lambda: foreach_batch_workers(spark)):
+        with stopped_commits(sink_dsn, "region_minutes", lambda: commit_workers(spark)):
             meanwhile()
 
             def went_back() -> bool:
