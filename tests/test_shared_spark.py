@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from backlog_dagster.log import Topic
 from backlog_dagster.phases.micro_batch import LOCK_PATIENCE_S
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import open_sink
@@ -119,12 +121,13 @@ def test_spark_conf_is_checked_and_read_as_text(tmp_path: Path) -> None:
         pipeline(tmp_path, CUSTOMER_TOTALS, realtime={"spark_conf": {"executor.memory": "2g"}})
 
 
-def test_on_a_standalone_cluster_killed_workers_lose_nothing(
+def test_on_a_standalone_cluster_killed_workers_and_master_lose_nothing(
     make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     """A master and two workers, each its own JVM with its own executors and Python
     workers. One worker (with its executor) is SIGKILLed mid-backlog, another mid-realtime:
-    their tasks run again on the workers left, and the results equal the oracle."""
+    their tasks run again on the workers left. Then the master is killed: the realtime
+    run goes on, and once the master is back a new run starts. Results equal the oracle."""
     topic = make_topic(records=400_000, buckets=4)
     with servers.standalone_cluster(tmp_path / "cluster", workers=2, cores=1) as (master, workers):
         # Both workers' executors for each run: a killed worker takes part of the work.
@@ -151,29 +154,54 @@ def test_on_a_standalone_cluster_killed_workers_lose_nothing(
         assert sum(reached(config).values()) == 400_000
 
         replacement = servers.start_worker(master.url, tmp_path / "cluster", cores=1)
-        servers.wait_until_listening(replacement)
-        run = start_phase(defs, tmp_path, phase="realtime")
+        restarted: servers.SparkServer | None = None
+        run: subprocess.Popen[str] | None = None
         try:
+            servers.wait_until_listening(replacement)
+            run = start_phase(defs, tmp_path, phase="realtime")
             wait_for(lambda: executors_of(workers[1]) and executors_of(replacement), timeout=180)
-            for _ in range(10):
-                append_orders(topic, 2_000, live=True)
-                time.sleep(0.3)
+            live(topic)
             os.killpg(workers[1].process.pid, signal.SIGKILL)
             killed_at = time.monotonic()
-            for _ in range(10):
-                append_orders(topic, 2_000, live=True)
-                time.sleep(0.3)
+            live(topic)
             wait_for(lambda: reached(config) == topic.latest_offsets(), timeout=300)
             print(f"realtime caught up {time.monotonic() - killed_at:.1f} s after a worker died")
+            # Without its master a running application goes on (it has its executors);
+            # a new one starts once the master is back and the workers registered again.
+            os.killpg(master.process.pid, signal.SIGKILL)
+            live(topic)
+            wait_for(lambda: reached(config) == topic.latest_offsets(), timeout=300)
+            stop_phase(run)
+            restarted = servers.start_master(master.port, tmp_path / "cluster")
+            servers.wait_until_listening(restarted)
+            run = start_phase(defs, tmp_path, phase="realtime")
+            live(topic)
+            wait_for(lambda: reached(config) == topic.latest_offsets(), timeout=300)
+            stop_phase(run)
         finally:
-            run.send_signal(signal.SIGTERM)
-            output, _ = run.communicate(timeout=120)
-            servers.stop(replacement)
-        assert run.returncode == 0, output
+            if run is not None and run.poll() is None:
+                kill_all(run)
+            for server in (replacement, restarted):
+                if server is not None:
+                    servers.stop(server)
     with open_sink(config) as sink:
         results = sink.read_results().to_pandas()
     oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
     assert_same(results, oracle, ["customer_id"])
+
+
+def live(topic: Topic) -> None:
+    """About 6,000 live records/s for 3 s."""
+    for _ in range(10):
+        append_orders(topic, 2_000, live=True)
+        time.sleep(0.3)
+
+
+def stop_phase(run: subprocess.Popen[str]) -> None:
+    """SIGTERM a ``pipeline realtime`` process: it stops its query and exits cleanly."""
+    run.send_signal(signal.SIGTERM)
+    output, _ = run.communicate(timeout=120)
+    assert run.returncode == 0, output
 
 
 def executors_of(worker: servers.SparkServer) -> bool:
