@@ -80,9 +80,22 @@ def main() -> None:
         "--sessions", type=int, default=2, help="dagster dev sessions per mode (3.)."
     )
     parser.add_argument("--kills", type=int, default=2, help="Recoveries timed per session.")
+    parser.add_argument(
+        "--report", type=Path, help="Only write BENCHMARKS.md's section from this run's JSON."
+    )
     args = parser.parse_args()
+    if args.report:
+        replace_section(
+            ROOT / "BENCHMARKS.md", BEGIN, END, _markdown(json.loads(args.report.read_text()))
+        )
+        return
     scratch = Path(tempfile.mkdtemp(prefix="bench-spark-modes-"))
-    results: dict[str, Any] = {"records": args.records, "repeat": args.repeat}
+    results: dict[str, Any] = {
+        "records": args.records,
+        "repeat": args.repeat,
+        "sessions": args.sessions,
+        "kills": args.kills,
+    }
     try:
         with servers.connect_server(scratch / "connect") as connect:
             results["start_s"] = {
@@ -126,7 +139,7 @@ def _median(measure: Any, repeat: int, keep: bool = False) -> Any:
     if not keep:
         return round(statistics.median(samples), 2)
     return {key: round(statistics.median(s[key] for s in samples), 2) for key in samples[0]} | {
-        "samples_s": [s["seconds"] for s in samples]
+        "samples_s": [round(s["seconds"], 2) for s in samples]
     }
 
 
@@ -191,7 +204,10 @@ def _example_sessions(scratch: Path, mode: str, sessions: int, kills: int) -> di
         print(f"{mode} session {rep}: gaps {gaps[-2:]}, recoveries {recoveries[-kills:]}")
         shutil.rmtree(data, ignore_errors=True)
     return {
-        "switch_gap_s": {"median": round(statistics.median(gaps), 2), "samples": gaps},
+        "switch_gap_s": {
+            "median": round(statistics.median(gaps), 2),
+            "samples": [round(gap, 2) for gap in gaps],
+        },
         "recovery_s": {"median": round(statistics.median(recoveries), 2), "samples": recoveries},
         "memory_peak_mib": {"median": round(statistics.median(memory)), "samples": memory},
     }
@@ -310,8 +326,10 @@ def _markdown(results: dict[str, Any]) -> str:
     lines = [
         "## A Spark per run against one that outlives runs",
         "",
-        f"`bench/spark_modes.py`, {machine_line(results['machine'])}; medians of "
-        f"{results['repeat']}.",
+        f"`bench/spark_modes.py`, {machine_line(results['machine'])}. Start and backlog: "
+        f"medians of {results['repeat']}; under `dagster dev`: medians over "
+        f"{results.get('sessions', 2)} sessions per mode (a switch gap per pipeline, "
+        f"{results.get('kills', 2)} kills per session).",
         "",
         "| what | Spark per run (`local[*]`) | shared | ratio |",
         "| --- | ---: | ---: | ---: |",
@@ -334,12 +352,17 @@ def _markdown(results: dict[str, Any]) -> str:
         f"{connect['memory_peak_mib']['median']:,} (Connect, server included) | "
         f"{local['memory_peak_mib']['median'] / connect['memory_peak_mib']['median']:.1f}x |",
         "",
-        "Samples: switch gaps (both pipelines, each session) "
-        f"{local['switch_gap_s']['samples']} per run, {connect['switch_gap_s']['samples']} "
-        f"shared; recoveries {local['recovery_s']['samples']} per run, "
-        f"{connect['recovery_s']['samples']} shared.",
+        "Samples (s): switch gaps "
+        f"{_listed(local['switch_gap_s']['samples'])} per run, "
+        f"{_listed(connect['switch_gap_s']['samples'])} shared; recoveries "
+        f"{_listed(local['recovery_s']['samples'])} per run, "
+        f"{_listed(connect['recovery_s']['samples'])} shared.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _listed(samples: list[float]) -> str:
+    return ", ".join(f"{sample:.1f}" for sample in samples)
 
 
 if __name__ == "__main__":

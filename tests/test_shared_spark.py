@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,8 +35,23 @@ from tests.test_realtime import reached
 
 @pytest.fixture(scope="module")
 def connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.SparkServer]:
-    with servers.connect_server(tmp_path_factory.mktemp("connect"), master="local[2]") as server:
+    """``backlog-dagster spark connect-server`` as a user runs it, until SIGTERM."""
+    folder, port = tmp_path_factory.mktemp("connect"), servers.free_port()
+    command = [str(Path(sys.executable).with_name("backlog-dagster")), "spark"]
+    command += ["connect-server", "--port", str(port), "--master", "local[2]"]
+    command += ["--dir", str(folder)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    server = servers.SparkServer(
+        "connect server", f"sc://127.0.0.1:{port}", port, folder / "connect-server.log", process
+    )
+    try:
+        servers.wait_until_listening(server)
         yield server
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, output.decode(errors="replace")
+    assert f"Spark Connect server up: sc://127.0.0.1:{port}" in output.decode()
 
 
 def commit_workers(server: servers.SparkServer) -> set[int]:

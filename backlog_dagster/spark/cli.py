@@ -36,7 +36,7 @@ def spark_group() -> None:
 def connect_server(port: int, master: str, folder: Path, conf: tuple[str, ...]) -> None:
     """Run a Spark Connect server on 127.0.0.1 until interrupted.
 
-    Point pipelines at it with ``spark_master: sc://127.0.0.1:PORT``.
+    Point pipelines at it with spark_master: sc://127.0.0.1:PORT.
     """
     settings = dict(_setting(item) for item in conf)
     with servers.connect_server(folder.resolve(), port, master, settings) as server:
@@ -60,7 +60,7 @@ def connect_server(port: int, master: str, folder: Path, conf: tuple[str, ...]) 
 def cluster(port: int, workers: int, cores: int, memory: str, folder: Path) -> None:
     """Run a standalone cluster (a master and its workers) on 127.0.0.1 until interrupted.
 
-    Point pipelines at it with ``spark_master: spark://127.0.0.1:PORT``.
+    Point pipelines at it with spark_master: spark://127.0.0.1:PORT.
     """
     with servers.standalone_cluster(folder.resolve(), workers, cores, memory, port) as (
         master,
