@@ -4,7 +4,9 @@ This session runs on PostgreSQL and a shared Spark: Dagster's own storage
 (``deploy/dagster-postgres.yaml``) and both example pipelines' sinks, the latter on a
 server of the test's own so that the test may restart it; every run's Spark is one
 Spark Connect server the test starts (so a realtime query, and its commits, run on the
-server, and outlive a run that dies). (The crash matrix runs the example on the embedded
+server, and outlive a run that dies), whose jobs run on a standalone cluster of two
+workers the test starts too (each worker its own JVM, with its own executor and Python
+workers). (The crash matrix runs the example on the embedded
 SQLite sink, each run with a Spark of its own.)
 """
 
@@ -35,7 +37,7 @@ from backlog_dagster.log import Topic
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import open_sink
 from backlog_dagster.spark import servers
-from backlog_dagster.spark.servers import SparkServer, connect_server
+from backlog_dagster.spark.servers import SparkServer, connect_server, standalone_cluster
 from tests.conftest import MakeTopic, append_orders
 from tests.dagster_server import ROOT, dagster_dev, kill_run_worker, wait_for_run
 from tests.pipelines import assert_customer_totals, assert_region_minutes, example_config
@@ -52,6 +54,8 @@ from tests.test_shared_spark import commit_workers
 Configs = dict[str, PipelineConfig]
 SINK_DSN = "BACKLOG_TEST_SINK_DSN"
 SPARK_URL = "BACKLOG_TEST_SPARK"
+#: The Connect server's application takes both workers' cores.
+CLUSTER_CONF = {"spark.cores.max": "2"}
 
 
 def sink_state(configs: Configs, pipeline: str) -> tuple[str, dict[int, int]]:
@@ -112,7 +116,8 @@ def test_the_example_under_dagster_dev_switches_recovers_goes_back_and_returns(
     }
     with (
         example_servers() as (dagster_dsn, sink_dsn, sink_server),
-        connect_server(tmp_path / "spark") as spark,
+        standalone_cluster(tmp_path / "cluster", workers=2, cores=1) as (master, _),
+        connect_server(tmp_path / "spark", master=master.url, conf=CLUSTER_CONF) as spark,
     ):
         monkeypatch.setenv("DAGSTER_POSTGRES_URL", postgres_url(dagster_dsn))
         monkeypatch.setenv(SINK_DSN, sink_dsn)
@@ -152,7 +157,9 @@ def test_the_example_under_dagster_dev_switches_recovers_goes_back_and_returns(
             the_sink_survives_a_lost_connection_and_a_server_restart(
                 instance, configs, topic, sink_dsn, sink_server
             )
-            spark = the_shared_spark_dies_and_comes_back(instance, configs, topic, spark)
+            spark = the_shared_spark_dies_and_comes_back(
+                instance, configs, topic, spark, master.url
+            )
             try:
                 cancelled_realtime_run_stays_cancelled(instance, client)
             finally:
@@ -301,7 +308,11 @@ def the_sink_survives_a_lost_connection_and_a_server_restart(
 
 
 def the_shared_spark_dies_and_comes_back(
-    instance: dg.DagsterInstance, configs: Configs, topic: Topic, spark: SparkServer
+    instance: dg.DagsterInstance,
+    configs: Configs,
+    topic: Topic,
+    spark: SparkServer,
+    master_url: str,
 ) -> SparkServer:
     """The Connect server every run uses is SIGKILLed while live records arrive, and
     started again on its port 10 s later: the runs on it fail, the sensor starts others
@@ -316,7 +327,9 @@ def the_shared_spark_dies_and_comes_back(
         servers.stop(spark, signal.SIGKILL)
         killed_at = time.monotonic()
         time.sleep(10)
-        spark = servers.start_connect_server(spark.port, spark.log.parent)
+        spark = servers.start_connect_server(
+            spark.port, spark.log.parent, master=master_url, conf=CLUSTER_CONF
+        )
         servers.wait_until_listening(spark)
 
         def recovered(name: str) -> bool:
