@@ -7,7 +7,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -18,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+
+from backlog_dagster.spark.servers import free_port
 
 #: The server on loopback (trust authentication for local users on this kind of machine).
 SERVER = "host=127.0.0.1 port=5432 user=postgres"
@@ -106,10 +107,7 @@ def private_server() -> Iterator[PrivateServer]:
     """``initdb`` a new cluster in a folder of its own, start it on a free port, and
     remove it all afterwards."""
     folder = Path(tempfile.mkdtemp(prefix="backlog-dagster-pg-"))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    server = PrivateServer(folder, port)
+    server = PrivateServer(folder, free_port())
     if os.geteuid() == 0:
         shutil.chown(folder, "postgres")
     try:

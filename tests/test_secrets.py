@@ -24,6 +24,7 @@ from dagster._serdes import serialize_value
 from backlog_dagster.pipeline.config import FromEnv, PipelineConfig
 from backlog_dagster.pipeline.load import PipelineFileError, load_pipeline
 from backlog_dagster.sink import open_sink
+from backlog_dagster.spark.servers import free_port
 from tests.conftest import MakeTopic
 from tests.pipelines import (
     CUSTOMER_TOTALS,
@@ -72,9 +73,7 @@ def test_a_written_token_is_refused_naming_the_field_not_the_token(tmp_path: Pat
 def connect_port() -> Iterator[int]:
     """A Spark Connect server on loopback that requires ``TOKEN``."""
     home = Path(pyspark.__file__).parent
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     server = subprocess.Popen(
         [
             str(home / "bin" / "spark-submit"),

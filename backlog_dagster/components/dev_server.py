@@ -6,7 +6,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 import yaml
 
 from backlog_dagster.components.pipeline import DATA_ENV
+from backlog_dagster.spark.servers import free_port
 
 #: Dagster's run, event-log and schedule storage on PostgreSQL (dagster-postgres), its
 #: server named by ``DAGSTER_POSTGRES_URL``; copy it to ``$DAGSTER_HOME/dagster.yaml``.
@@ -57,7 +57,7 @@ def start_dagster_dev(
     earlier output).
     """
     home.mkdir(parents=True, exist_ok=True)
-    port, log_path = _free_port(), home / "dagster-dev.log"
+    port, log_path = free_port(), home / "dagster-dev.log"
     with log_path.open("a") as log:
         process = subprocess.Popen(
             [
@@ -224,9 +224,3 @@ def _wait_until_up(server: DevServer, process: subprocess.Popen[bytes], timeout:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"dagster dev did not start; see {server.log}") from None
             time.sleep(0.5)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
