@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from backlog_dagster.demo import demo
+from backlog_dagster.kafka.cli import kafka_group
 from backlog_dagster.log.cli import log_group
 from backlog_dagster.pipeline.cli import pipeline_group
 from backlog_dagster.spark.cli import spark_group
@@ -20,3 +21,4 @@ main.add_command(log_group)
 main.add_command(demo)
 main.add_command(pipeline_group)
 main.add_command(spark_group)
+main.add_command(kafka_group)

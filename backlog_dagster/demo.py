@@ -31,12 +31,12 @@ from backlog_dagster.components.dev_server import (
     all_of,
     copy_project,
     dagster_dev,
+    on_kafka,
     on_postgres,
     on_spark,
     postgres_url,
 )
 from backlog_dagster.components.pipeline import with_paths_under
-from backlog_dagster.log.cli import progress_bar
 from backlog_dagster.log.topic import Topic, create_topic
 from backlog_dagster.log.workload import (
     ORDERS_SCHEMA,
@@ -47,6 +47,7 @@ from backlog_dagster.log.workload import (
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.load import load_pipeline
 from backlog_dagster.pipeline.results import WINDOW_END, WINDOW_START
+from backlog_dagster.produce import progress_bar
 from backlog_dagster.sink import open_sink
 
 if TYPE_CHECKING:
@@ -59,6 +60,8 @@ EXAMPLE_DEFS = Path("definitions") / "defs"
 DEMO_DATABASE, DEMO_DSN_ENV = "backlog_dagster_demo", "BACKLOG_DAGSTER_DEMO_DSN"
 #: The variable the demo's pipelines read their Spark's URL from, with ``--spark``.
 DEMO_SPARK_ENV = "BACKLOG_DAGSTER_DEMO_SPARK"
+#: The variable the demo's pipelines read their Kafka brokers from, with ``--kafka``.
+DEMO_KAFKA_ENV = "BACKLOG_DAGSTER_DEMO_KAFKA"
 #: A change to each pipeline of a copied example (``dev_server.copy_project``).
 Edit = Callable[[dict[str, Any]], bool]
 
@@ -112,6 +115,12 @@ Edit = Callable[[dict[str, Any]], bool]
     "Connect server (runs start no JVM of their own), or a standalone cluster of two "
     "workers (each run's executors on the workers). Default: a local Spark per run.",
 )
+@click.option(
+    "--kafka",
+    is_flag=True,
+    help="Both pipelines read a Kafka topic on librdkafka's mock cluster the demo starts "
+    "on loopback, which holds the log's records, copied as they are appended.",
+)
 def demo(
     records: int,
     buckets: int,
@@ -120,6 +129,7 @@ def demo(
     data_dir: Path,
     postgres: str | None,
     spark: str | None,
+    kafka: bool,
 ) -> None:
     """Backlog → switch → realtime, through Dagster's daemon and sensors."""
     if not Path("workspace.yaml").exists():
@@ -153,6 +163,8 @@ def demo(
                 edits.append(_on_postgres(postgres, home))
             if spark is not None:
                 edits.append(stack.enter_context(_shared_spark(spark, data_dir / "spark")))
+            if kafka:
+                edits.append(stack.enter_context(_on_kafka(topic_dir, buckets)))
             if edits:
                 project = data_dir / "project"
                 copy_project(Path.cwd(), project, all_of(*edits))
@@ -226,6 +238,32 @@ def _shared_spark(kind: str, folder: Path) -> Iterator[Edit]:
             f"{time.monotonic() - begun:.1f} s (logs in {folder}); each run's executors run there"
         )
         yield on_spark(DEMO_SPARK_ENV)
+
+
+@contextmanager
+def _on_kafka(topic_dir: Path, buckets: int) -> Iterator[Edit]:
+    """A mock Kafka cluster with an ``orders`` topic that follows the log's, and the edit
+    that points the example's pipelines at it (through ``DEMO_KAFKA_ENV``)."""
+    from backlog_dagster.kafka.mirror import mirrored
+    from backlog_dagster.kafka.mock_broker import held_everything, mock_broker
+
+    with mock_broker(1) as broker:
+        broker.create_topic("orders", buckets)
+        os.environ[DEMO_KAFKA_ENV] = broker.bootstrap
+        began = time.monotonic()
+        with mirrored(topic_dir, broker.bootstrap, "orders"):
+            try:
+                held_everything(broker.bootstrap, "orders")
+            except RuntimeError as error:
+                raise click.ClickException(
+                    f"--kafka: {error} (e.g. --records 500000 --buckets 16)"
+                ) from None
+            console.print(
+                f"kafka (librdkafka's mock cluster) on {broker.bootstrap}: topic orders, "
+                f"{buckets} partitions, the backlog copied in {time.monotonic() - began:.1f} s; "
+                "both pipelines read it"
+            )
+            yield all_of(*(on_kafka(name, DEMO_KAFKA_ENV, "orders") for name in PIPELINES))
 
 
 def _produce(topic_dir: Path, rate: float, first_id: int, stop: threading.Event) -> None:

@@ -15,9 +15,9 @@ import psutil
 import pytest
 
 from backlog_dagster.log import Topic
-from backlog_dagster.phases.micro_batch import LOCK_PATIENCE_S
+from backlog_dagster.phases.micro_batch import LOCK_PATIENCE_S, MicroBatchCommit, unreachable_in
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink import open_sink
+from backlog_dagster.sink import SinkUnreachable, open_sink
 from backlog_dagster.spark import servers
 from backlog_dagster.spark.session import SparkSettingRefused, spark_config
 from tests.conftest import MakeTopic, append_orders
@@ -119,6 +119,24 @@ def test_a_launch_setting_for_a_connect_server_is_refused_by_name() -> None:
         spark_config("sc://127.0.0.1:15002", "x", {"spark.executor.memory": "2g"})
     local = spark_config("local[2]", "x", {"spark.executor.memory": "2g"})
     assert local["spark.master"] == "local[2]" and local["spark.executor.memory"] == "2g"
+
+
+def test_a_commit_that_cannot_reach_the_sink_says_so_before_reading_its_batch(
+    tmp_path: Path,
+) -> None:
+    """On Spark Connect the commit opens the sink on the server's host: where that fails,
+    the run learns it from the query's error, found by its prefix, before any Spark job
+    of the micro-batch ran (the batch is not touched: here it is not even a DataFrame)."""
+    (tmp_path / "a_file").write_text("")
+    where = tmp_path / "a_file" / "results.sqlite"  # a folder that cannot be made
+    config = pipeline(
+        tmp_path, CUSTOMER_TOTALS, sink={"path": str(where), "table": "customer_totals"}
+    )
+    commit = MicroBatchCommit(config, holder="realtime run test")
+    with pytest.raises(SinkUnreachable) as raised:
+        commit(None, 0)  # type: ignore[arg-type]
+    reason = unreachable_in(f"StreamingQueryException: {raised.value}\n  at ...")
+    assert reason is not None and str(where) in reason and "cannot open" in reason
 
 
 def test_spark_conf_is_checked_and_read_as_text(tmp_path: Path) -> None:

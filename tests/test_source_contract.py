@@ -9,8 +9,20 @@ PACKAGE = Path(__file__).resolve().parent.parent / "backlog_dagster"
 
 #: Where the embedded log may be named: itself, its Spark reader, the contract's
 #: ``open_source``, and the tools made for it (its CLI, the demo that loads it, the
-#: scaffolder that reads a topic). Its Spark-DDL helpers (``log.schema``) are neutral.
-KNOWS_THE_LOG = ("log", "spark", "source", "cli.py", "demo.py", "components/scaffold.py")
+#: scaffolder that reads a topic, the mirror that copies a topic to Kafka). Its Spark-DDL
+#: helpers (``log.schema``) and the reference workload (``log.workload``, which writes
+#: through an ``Appender``: a topic of the log or a Kafka producer) are neutral.
+NEUTRAL = ("backlog_dagster.log.schema", "backlog_dagster.log.workload")
+KNOWS_THE_LOG = (
+    "log",
+    "spark",
+    "source",
+    "cli.py",
+    "demo.py",
+    "components/scaffold.py",
+    "kafka/mirror.py",  # copies a log topic to Kafka
+    "kafka/cli.py",  # its command
+)
 
 
 def test_nothing_but_the_source_package_opens_the_log_for_a_pipeline() -> None:
@@ -21,8 +33,39 @@ def test_nothing_but_the_source_package_opens_the_log_for_a_pipeline() -> None:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             module = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
-            if module.startswith("backlog_dagster.log") and module != "backlog_dagster.log.schema":
+            if module.startswith("backlog_dagster.log") and module not in NEUTRAL:
                 offenders.append(f"{where}: from {module} import …")
             if isinstance(node, ast.Name) and node.id in ("Topic", "TopicError"):
                 offenders.append(f"{where}: names {node.id}")
     assert offenders == []
+
+
+def test_opening_a_source_imports_no_pyspark(tmp_path: Path) -> None:
+    """The sensor opens sources every tick, in Dagster's processes: no Spark there."""
+    import subprocess
+    import sys
+
+    from backlog_dagster.log import create_topic
+    from backlog_dagster.log.workload import ORDERS_SCHEMA
+
+    create_topic(
+        tmp_path / "orders", ORDERS_SCHEMA, timestamp_column="event_time", buckets=2
+    ).close()
+    script = f"""
+import sys
+from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.source import open_source
+for archive in (None, {{"path": {str(tmp_path / "archive")!r}}}):
+    config = PipelineConfig.model_validate({{
+        "name": "p",
+        "source": {{"path": {str(tmp_path / "orders")!r}, "event_time": "event_time",
+                   "archive": archive}},
+        "transform": {{"keys": ["region"], "aggregations": [{{"name": "n", "function": "count"}}]}},
+        "sink": {{"path": {str(tmp_path / "r.sqlite")!r}, "table": "p"}},
+    }})
+    with open_source(config) as source:
+        source.bounds()
+print("pyspark" in sys.modules)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stderr

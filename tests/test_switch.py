@@ -6,8 +6,10 @@ server of the test's own so that the test may restart it; every run's Spark is o
 Spark Connect server the test starts (so a realtime query, and its commits, run on the
 server, and outlive a run that dies), whose jobs run on a standalone cluster of two
 workers the test starts too (each worker its own JVM, with its own executor and Python
-workers). (The crash matrix runs the example on the embedded
-SQLite sink, each run with a Spark of its own.)
+workers). customer_totals reads a Kafka topic (a mock cluster on loopback), which holds
+the same records as the embedded log region_minutes reads, copied as they are appended,
+so both pipelines are checked against the log's oracle. (The crash matrix runs the
+example on the embedded log and SQLite sink, each run with a Spark of its own.)
 """
 
 from __future__ import annotations
@@ -29,10 +31,13 @@ from backlog_dagster.components.dev_server import (
     POSTGRES_INSTANCE,
     all_of,
     copy_project,
+    on_kafka,
     on_postgres,
     on_spark,
     postgres_url,
 )
+from backlog_dagster.kafka.mirror import mirrored
+from backlog_dagster.kafka.mock_broker import mock_broker
 from backlog_dagster.log import Topic
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import open_sink
@@ -54,6 +59,7 @@ from tests.test_shared_spark import commit_workers
 Configs = dict[str, PipelineConfig]
 SINK_DSN = "BACKLOG_TEST_SINK_DSN"
 SPARK_URL = "BACKLOG_TEST_SPARK"
+KAFKA_SERVERS = "BACKLOG_TEST_KAFKA"
 #: The Connect server's application takes both workers' cores.
 CLUSTER_CONF = {"spark.cores.max": "2"}
 
@@ -107,7 +113,12 @@ def test_the_example_under_dagster_dev_switches_recovers_goes_back_and_returns(
     """
     topic = make_topic(records=100_000, buckets=4, name="example/orders")
     project, home = tmp_path / "project", tmp_path / "dagster_home"
-    copy_project(ROOT, project, all_of(on_postgres("example", SINK_DSN), on_spark(SPARK_URL)))
+    edits = all_of(
+        on_postgres("example", SINK_DSN),
+        on_spark(SPARK_URL),
+        on_kafka("customer_totals", KAFKA_SERVERS, "orders"),
+    )
+    copy_project(ROOT, project, edits)
     home.mkdir()
     shutil.copy(ROOT / POSTGRES_INSTANCE, home / "dagster.yaml")
     configs = {
@@ -118,11 +129,17 @@ def test_the_example_under_dagster_dev_switches_recovers_goes_back_and_returns(
         example_servers() as (dagster_dsn, sink_dsn, sink_server),
         standalone_cluster(tmp_path / "cluster", workers=2, cores=1) as (master, _),
         connect_server(tmp_path / "spark", master=master.url, conf=CLUSTER_CONF) as spark,
+        mock_broker(3) as kafka,
     ):
+        kafka.create_topic("orders", 4)
+        monkeypatch.setenv(KAFKA_SERVERS, kafka.bootstrap)
         monkeypatch.setenv("DAGSTER_POSTGRES_URL", postgres_url(dagster_dsn))
         monkeypatch.setenv(SINK_DSN, sink_dsn)
         monkeypatch.setenv(SPARK_URL, spark.url)
-        with dagster_dev(home, tmp_path, project) as client:
+        with (
+            mirrored(topic.path, kafka.bootstrap, "orders"),
+            dagster_dev(home, tmp_path, project) as client,
+        ):
             instance = dg.DagsterInstance.from_config(str(home))
             assert type(instance.run_storage).__name__ == "PostgresRunStorage"
             assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"

@@ -205,6 +205,24 @@ def on_spark(master_env: str) -> Callable[[dict[str, Any]], bool]:
     return edit
 
 
+def on_kafka(pipeline: str, servers_env: str, topic: str) -> Callable[[dict[str, Any]], bool]:
+    """An ``edit`` for ``copy_project``: ``pipeline`` reads the reference orders from the
+    Kafka ``topic`` (JSON values), its brokers read from ``servers_env``."""
+    from backlog_dagster.kafka.workload import ORDERS_RECORD_SCHEMA
+
+    def edit(attributes: dict[str, Any]) -> bool:
+        if attributes["name"] == pipeline:
+            attributes["source"] = {
+                **{k: v for k, v in attributes["source"].items() if k != "path"},
+                "kind": "kafka",
+                "kafka": {"bootstrap_servers": {"env": servers_env}, "topic": topic},
+                "record_schema": ORDERS_RECORD_SCHEMA,
+            }
+        return True
+
+    return edit
+
+
 def all_of(*edits: Callable[[dict[str, Any]], bool]) -> Callable[[dict[str, Any]], bool]:
     """One ``edit`` making each of ``edits``; the pipeline is kept if every one keeps it."""
 

@@ -171,7 +171,12 @@ def data_root(project_root: Path) -> Path:
 def with_paths_under(config: PipelineConfig, root: Path) -> PipelineConfig:
     """The config with its relative paths (source, SQLite sink, realtime checkpoints) made
     absolute under ``root``."""
-    source = config.source.model_copy(update={"path": str(root / config.source.path)})
+    source = config.source
+    if source.path is not None:
+        source = source.model_copy(update={"path": str(root / source.path)})
+    if source.archive is not None:
+        archive = source.archive.model_copy(update={"path": str(root / source.archive.path)})
+        source = source.model_copy(update={"archive": archive})
     sink = config.sink
     if sink.kind == "sqlite":
         sink = sink.model_copy(update={"path": str(root / sink.path)})
@@ -247,7 +252,7 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
         group_name=pipeline.name,
         kinds={"spark", pipeline.sink.kind},
         description=f"Backlog phase of {pipeline.name}: every record up to the boundary "
-        f"markers of {pipeline.source.path}, aggregated in Spark batch, into "
+        f"markers of {pipeline.source.describe()}, aggregated in Spark batch, into "
         f"{pipeline.sink.describe()}.",
     )
     def backlog(

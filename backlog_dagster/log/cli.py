@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-import signal
 import time
 from datetime import datetime
 from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from backlog_dagster.archive.layout import ArchiveFile, Format, archived_end
+from backlog_dagster.log.archive import RECORDS_PER_FILE, archive_before
 from backlog_dagster.log.schema import SchemaError, parse_ddl
 from backlog_dagster.log.topic import Payload, Topic, TopicError, create_topic
-from backlog_dagster.log.workload import (
-    ORDERS_SCHEMA,
-    ORDERS_TIMESTAMP,
-    produce_backlog,
-    produce_live,
-)
+from backlog_dagster.log.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP
+from backlog_dagster.produce import console, produce_reference, workload_options
 
-console = Console(stderr=True)
 topic_path = click.argument("topic", type=click.Path(path_type=Path))
 
 
@@ -30,18 +25,6 @@ def open_topic(path: Path) -> Topic:
         return Topic(path)
     except TopicError as error:
         raise click.ClickException(str(error)) from error
-
-
-def progress_bar() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]}"),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
-    )
 
 
 @click.group("log")
@@ -103,20 +86,7 @@ def describe(topic: Path) -> None:
 
 @log_group.command("produce")
 @topic_path
-@click.option(
-    "--records",
-    type=click.IntRange(min=0),
-    default=1_000_000,
-    show_default=True,
-    help="Backlog records to append.",
-)
-@click.option(
-    "--days",
-    type=click.FloatRange(min=0, min_open=True),
-    default=5.0,
-    show_default=True,
-    help="The backlog's event times span this many days up to now.",
-)
+@workload_options
 @click.option(
     "--buckets",
     type=click.IntRange(min=1),
@@ -124,19 +94,6 @@ def describe(topic: Path) -> None:
     show_default=True,
     help="Buckets, if the topic has to be created.",
 )
-@click.option(
-    "--live-rate",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    help="After the backlog, append this many records/s stamped now, until stopped.",
-)
-@click.option(
-    "--live-seconds",
-    type=click.FloatRange(min=0),
-    default=None,
-    help="Stop the live producer after this long (default: on Ctrl-C or SIGTERM).",
-)
-@click.option("--seed", type=int, default=1, show_default=True)
 def produce(
     topic: Path,
     records: int,
@@ -155,44 +112,7 @@ def produce(
         if log.schema != ORDERS_SCHEMA:
             raise click.ClickException(f"topic {topic} does not have the orders schema")
         next_id = sum(b.latest for b in log.bounds().values())
-        started = time.monotonic()
-        with progress_bar() as bar:
-            task = bar.add_task("backlog", total=records, rate="")
-
-            def advance(done: int) -> None:
-                rate = done / max(time.monotonic() - started, 1e-9)
-                bar.update(task, completed=done, rate=f"{rate:,.0f} rec/s")
-
-            next_id = produce_backlog(
-                log, records, days, seed=seed, first_order_id=next_id, on_progress=advance
-            )
-        if live_rate > 0:
-            stop_at = time.monotonic() + live_seconds if live_seconds is not None else None
-            stopping = False
-
-            def stop(*_: object) -> None:
-                nonlocal stopping
-                stopping = True
-
-            previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-            console.print(f"live: {live_rate:,.0f} records/s (Ctrl-C stops)")
-            try:
-                produced = (
-                    produce_live(
-                        log,
-                        live_rate,
-                        seed=seed + 1,
-                        first_order_id=next_id,
-                        should_stop=lambda: (
-                            stopping or (stop_at is not None and time.monotonic() >= stop_at)
-                        ),
-                    )
-                    - next_id
-                )
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-            console.print(f"live: appended {produced:,} records")
+        produce_reference(log, records, days, live_rate, live_seconds, seed, next_id)
 
 
 @log_group.command("append")
@@ -295,18 +215,76 @@ def add_buckets(topic: Path, count: int) -> None:
 )
 def truncate(topic: Path, before_time: str) -> None:
     """Apply retention: each bucket's earliest offset moves to its first record at the time."""
-    try:
-        moment = datetime.fromisoformat(before_time)
-    except ValueError as error:
-        raise click.BadParameter(f"not an ISO-8601 time: {before_time!r}") from error
-    if moment.tzinfo is None:
-        raise click.BadParameter("give a time zone, e.g. 2026-11-20T00:00:00+00:00")
-    micros = int(moment.timestamp() * 1_000_000)
+    micros = _moment_us(before_time)
     with open_topic(topic) as log:
         for bucket in log.buckets():
             offset = log.offset_for_time(bucket, micros)
             bounds = log.bucket(bucket).truncate_before(offset)
             console.print(f"bucket {bucket}: earliest offset now {bounds.earliest:,}")
+
+
+@log_group.command("archive")
+@topic_path
+@click.argument("archive_dir", type=click.Path(path_type=Path, file_okay=False))
+@click.option(
+    "--before-time",
+    required=True,
+    help="Archive every record older than this ISO-8601 time (with zone).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["parquet", "json"]),
+    default="parquet",
+    show_default=True,
+)
+@click.option(
+    "--records-per-file",
+    type=click.IntRange(min=1),
+    default=RECORDS_PER_FILE,
+    show_default=True,
+)
+@click.option(
+    "--truncate", is_flag=True, help="Then drop the archived records from the log (retention)."
+)
+def archive(
+    topic: Path,
+    archive_dir: Path,
+    before_time: str,
+    fmt: Format,
+    records_per_file: int,
+    truncate: bool,
+) -> None:
+    """Write a topic's older records to ARCHIVE_DIR in Kafka Connect's layout
+    (<topic>/partition=<p>/<topic>+<p>+<startOffset>.<ext>), going on from what is there."""
+    micros = _moment_us(before_time)
+    with open_topic(topic) as log:
+        before = {b: log.offset_for_time(b, micros) for b in log.buckets()}
+
+        def report(archived: ArchiveFile, records: int) -> None:
+            console.print(f"wrote {archived.path} ({records:,} records)")
+
+        written = archive_before(log, archive_dir, before, fmt, records_per_file, report)
+        for bucket, (first, end) in written.items():
+            console.print(f"bucket {bucket}: archived offsets [{first:,}, {end:,})")
+        if not written:
+            console.print("nothing new to archive")
+        if truncate:
+            for bucket, end in before.items():
+                held = archived_end(archive_dir, log.name, bucket)
+                if held is not None:
+                    bounds = log.bucket(bucket).truncate_before(min(end, held))
+                    console.print(f"bucket {bucket}: earliest offset now {bounds.earliest:,}")
+
+
+def _moment_us(text: str) -> int:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError as error:
+        raise click.BadParameter(f"not an ISO-8601 time: {text!r}") from error
+    if moment.tzinfo is None:
+        raise click.BadParameter("give a time zone, e.g. 2026-11-20T00:00:00+00:00")
+    return int(moment.timestamp() * 1_000_000)
 
 
 def _size(size: int) -> str:

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from backlog_dagster.log.bucket import Arrivals, Bucket, BucketBounds, Records
 from backlog_dagster.log.schema import TIMESTAMP, SchemaError
-from backlog_dagster.source.base import Payload, SourceError
+from backlog_dagster.source.base import JSON_VALUE_COLUMN, Payload, SourceError, StoredRecords
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -30,9 +30,6 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import DataStreamReader
 
 _METADATA_FILE = "topic.sqlite"
-
-
-JSON_VALUE_COLUMN = "value"
 
 
 def _is_file(path: str) -> bool:
@@ -51,6 +48,11 @@ class BucketInfo:
     bucket: int
     bounds: BucketBounds
     size_bytes: int
+
+
+#: The name of the log's Spark data source (``backlog_dagster.spark.source``), here so
+#: that naming it needs no pyspark.
+SPARK_FORMAT = "bucketlog"
 
 
 class Topic:
@@ -108,10 +110,17 @@ class Topic:
     def read(self, bucket_id: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
         return self.bucket(bucket_id).read(start, end)
 
-    def read_arrivals(
-        self, bucket_id: int, start: int, end: int
-    ) -> Iterator[tuple[pa.RecordBatch, float]]:
-        return self.bucket(bucket_id).read_arrivals(start, end)
+    def read_records(self, bucket_id: int, start: int, end: int) -> Iterator[StoredRecords]:
+        offset = start
+        for stored, appended_at in self.bucket(bucket_id).read_arrivals(start, end):
+            rows = stored.num_rows
+            yield StoredRecords(
+                records=stored,
+                offsets=pa.arange(offset, offset + rows),
+                record_times=stored.column(self.timestamp_column),
+                appended_at=pa.repeat(pa.scalar(round(appended_at * 1_000_000), TIMESTAMP), rows),
+            )
+            offset += rows
 
     def arrivals(self, bucket_id: int, since: float, until: float = float("inf")) -> Arrivals:
         return self.bucket(bucket_id).arrivals(since, until)

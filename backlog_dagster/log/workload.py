@@ -12,12 +12,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from backlog_dagster.log.schema import parse_ddl
-from backlog_dagster.log.topic import Topic
 
 ORDERS_DDL = (
     "order_id BIGINT NOT NULL, customer_id STRING NOT NULL, region STRING NOT NULL, "
@@ -35,6 +35,15 @@ LATE_SHARE = 0.003
 LATE_RANGE_US = (31_000_000, 300_000_000)
 
 _US_PER_DAY = 86_400_000_000
+
+
+class Appender(Protocol):
+    """Where the workload goes: a topic of the embedded log, or a Kafka producer
+    (``backlog_dagster.kafka.workload``)."""
+
+    def buckets(self) -> list[int]: ...
+
+    def append(self, bucket: int, records: pa.Table) -> object: ...
 
 
 @dataclass(frozen=True)
@@ -100,14 +109,14 @@ def orders(
     return table, customers.buckets[who.to_numpy()]
 
 
-def append_by_bucket(topic: Topic, table: pa.Table, buckets: np.ndarray) -> None:
+def append_by_bucket(topic: Appender, table: pa.Table, buckets: np.ndarray) -> None:
     """Append each bucket's share of ``table``, keeping arrival order within a bucket."""
     for bucket in np.unique(buckets):
         topic.append(int(bucket), table.filter(pa.array(buckets == bucket)))
 
 
 def produce_backlog(
-    topic: Topic,
+    topic: Appender,
     records: int,
     days: float,
     *,
@@ -138,7 +147,7 @@ def produce_backlog(
 
 
 def produce_live(
-    topic: Topic,
+    topic: Appender,
     rate: float,
     *,
     seed: int = 2,

@@ -34,16 +34,15 @@ class DefinitionChanged(RuntimeError):
 
 def definition_of(config: PipelineConfig) -> str:
     """What decides the results: a change here makes the sink's state meaningless."""
+    # Not the path (a moved topic is the same topic) nor how bad records, retention and
+    # idleness are handled: none of these changes what a result means.
+    source = config.source.model_dump(mode="json", include={"event_time", "record_schema", "start"})
+    if config.source.kafka is not None:
+        # Another kind of source or topic has other offsets (the embedded log's own
+        # definitions stay as they were).
+        source |= {"kind": "kafka", "topic": config.source.kafka.topic}
     return json.dumps(
-        {
-            # Not the path (a moved topic is the same topic) nor how bad records, retention
-            # and idleness are handled: none of these changes what a result means.
-            "source": config.source.model_dump(
-                mode="json", include={"event_time", "record_schema", "start"}
-            ),
-            "transform": config.transform.model_dump(mode="json"),
-        },
-        sort_keys=True,
+        {"source": source, "transform": config.transform.model_dump(mode="json")}, sort_keys=True
     )
 
 

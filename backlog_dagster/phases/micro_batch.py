@@ -18,10 +18,13 @@ offsets is committed once, whoever commits it.
 from __future__ import annotations
 
 import functools
+import json
 import operator
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -31,14 +34,20 @@ from backlog_dagster.log.schema import TIMESTAMP
 from backlog_dagster.phases.bad_records import BadRecord, collect, refuse_bad_records
 from backlog_dagster.phases.lag import lateness_us, watermark_lag
 from backlog_dagster.phases.transform import (
-    BucketSeen,
     observe_buckets,
     partial_results,
     window_end,
 )
 from backlog_dagster.phases.watermark import arrival_watermarks, judged_by_arrival
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink import Generation, GenerationEnded, ProgressConflict, Sink, open_sink
+from backlog_dagster.sink import (
+    Generation,
+    GenerationEnded,
+    ProgressConflict,
+    Sink,
+    SinkUnreachable,
+    open_sink,
+)
 from backlog_dagster.source import open_source
 from backlog_dagster.spark.records import APPENDED_COLUMN, BUCKET_COLUMN, OFFSET_COLUMN
 
@@ -57,6 +66,9 @@ REFUSED = "backlog-dagster refused the micro-batch: "
 #: whose run died committed a batch it had begun): the run starts its query again from
 #: the progress the sink holds (``moved_under``).
 MOVED = "backlog-dagster found the progress moved: "
+#: What a commit says first when it cannot open the sink where it runs (on Spark
+#: Connect: the server's host, which may not reach what the run's host reaches).
+UNREACHABLE = "backlog-dagster cannot reach the sink from where the commit runs: "
 
 
 class RunGone(RuntimeError):
@@ -70,11 +82,20 @@ class MicroBatchCommit:
     ``config`` must carry every setting the commit needs resolved (see
     ``sink.for_other_processes``): the process it runs in may not have the run's
     environment.
+
+    A micro-batch's range is the query's own: the offsets Spark logged for it (and for
+    the batch before, or where the query started) in the query's checkpoint. Offsets are
+    positions (``source.base``): a range may end on a Kafka transaction marker, and may
+    hold no record at all, yet progress must reach its end.
     """
 
     config: PipelineConfig
     #: The run lock holder of the run that started the query.
     holder: str
+    #: The query's checkpoint folder, on the machine where Spark runs the query.
+    checkpoint: str = ""
+    #: Where the query started, per bucket: the first micro-batch's start.
+    starting: Mapping[int, int] = field(default_factory=dict)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         sink = _sink_for(self.config)
@@ -85,35 +106,39 @@ class MicroBatchCommit:
         if windowed:
             batch = batch.persist()  # read twice: its late records, then the aggregation
         try:
-            self._commit(sink, held, batch)
+            self._commit(sink, held, batch, batch_id)
         finally:
             if windowed:
                 batch.unpersist()
 
-    def _commit(self, sink: Sink, held: Generation, batch: DataFrame) -> None:
+    def _commit(self, sink: Sink, held: Generation, batch: DataFrame, batch_id: int) -> None:
         config = self.config
-        observed, seen = observe_buckets(batch, config, sorted(held.buckets))
+        start, end = batch_range(Path(self.checkpoint), batch_id, self.starting)
+        observed, seen = observe_buckets(batch, config, sorted(end))
         on_time, late = _split_late(observed, config, held)
         aggregated = collect(partial_results(on_time, config))
         try:
             refuse_bad_records(config, aggregated.dead_letters)
         except BadRecord as bad:
             raise BadRecord(f"{REFUSED}{bad}") from None
-        read = seen()
-        if read is None:  # a bucket born since the generation was read: look it up
-            read = _buckets_read(batch, config)
-            new = {b: (s.low, s.low) for b, s in read.items() if b not in held.buckets}
-            held = sink.track_buckets(held.number, new)
-        if not read:
+        read = seen() or {}
+        # A bucket born since the query started begins at its first record read (the
+        # stream reader started it at its earliest offset; anything before is markers).
+        begins = {b: start.get(b, read[b].low if b in read else end[b]) for b in end}
+        moved = sorted(b for b in end if end[b] > begins[b])
+        if not moved:
             return
+        new = {b: (begins[b], begins[b]) for b in moved if b not in held.buckets}
+        if new:
+            held = sink.track_buckets(held.number, new)
         try:
             sink.commit(
                 held.number,
-                {b: s.low for b, s in read.items()},
-                {b: s.high + 1 for b, s in read.items()},
+                {b: begins[b] for b in moved},
+                {b: end[b] for b in moved},
                 aggregated.results,
                 late,
-                {b: s.event_time_us for b, s in read.items()},
+                {b: read[b].event_time_us if b in read else None for b in moved},
                 aggregated.dead_letters,
             )
         except GenerationEnded:
@@ -123,6 +148,34 @@ class MicroBatchCommit:
             raise RuntimeError(f"{MOVED}{conflict}") from None
 
 
+def batch_range(
+    checkpoint: Path, batch_id: int, starting: Mapping[int, int]
+) -> tuple[dict[int, int], dict[int, int]]:
+    """``(start, end)`` per bucket of micro-batch ``batch_id``, as the query planned it.
+
+    Spark writes each micro-batch's end offsets to ``<checkpoint>/offsets/<id>`` before
+    it runs the batch (its offset log: a version line, the batch's metadata, then one
+    line per source, ours as the JSON the stream reader returned). A batch starts where
+    the one before ended, the first where the query started.
+    """
+    end = _logged_offsets(checkpoint, batch_id)
+    start = dict(starting) if batch_id == 0 else _logged_offsets(checkpoint, batch_id - 1)
+    return start, end
+
+
+def _logged_offsets(checkpoint: Path, batch_id: int) -> dict[int, int]:
+    path = checkpoint / "offsets" / str(batch_id)
+    try:
+        lines = path.read_text().splitlines()
+        return {int(b): int(o) for b, o in json.loads(lines[2]).items()}
+    except (OSError, IndexError, ValueError, AttributeError) as error:
+        raise RuntimeError(
+            f"cannot read micro-batch {batch_id}'s offsets from the query's checkpoint "
+            f"({path}: {error}); the checkpoint must be on the machine where Spark runs "
+            "the query"
+        ) from error
+
+
 def refusal_in(error: str) -> BadRecord | None:
     """The bad record a commit refused, found in its query's error text, if that is why
     the query failed (the error crossed Spark, from the driver or a Connect server)."""
@@ -130,6 +183,14 @@ def refusal_in(error: str) -> BadRecord | None:
     if start < 0:
         return None
     return BadRecord(error[start + len(REFUSED) :].splitlines()[0])
+
+
+def unreachable_in(error: str) -> str | None:
+    """The sink's own error, if the query failed because its commit could not open it."""
+    start = error.find(UNREACHABLE)
+    if start < 0:
+        return None
+    return error[start + len(UNREACHABLE) :].splitlines()[0]
 
 
 def moved_under(error: str) -> bool:
@@ -146,7 +207,10 @@ def _sink_for(config: PipelineConfig) -> Sink:
     key = config.model_dump_json()
     with _sinks_lock:
         if key not in _sinks:
-            _sinks[key] = open_sink(config)
+            try:
+                _sinks[key] = open_sink(config)
+            except SinkUnreachable as unreachable:
+                raise SinkUnreachable(f"{UNREACHABLE}{unreachable}") from None
         return _sinks[key]
 
 
@@ -160,22 +224,6 @@ def _await_own_lock(sink: Sink, holder: str, pipeline: str) -> None:
                 f"{sink.lock_holder() or 'nobody'}); this query commits nothing and stops"
             )
         time.sleep(0.5)
-
-
-def _buckets_read(batch: DataFrame, config: PipelineConfig) -> dict[int, BucketSeen]:
-    """Per bucket, the offsets and latest event time in ``batch``: a job of its own."""
-    from pyspark.sql import functions as F
-
-    rows = (
-        batch.groupBy(BUCKET_COLUMN)
-        .agg(
-            F.min(OFFSET_COLUMN).alias("low"),
-            F.max(OFFSET_COLUMN).alias("high"),
-            F.max(F.unix_micros(F.col(config.source.event_time))).alias("event_time"),
-        )
-        .collect()
-    )
-    return {r[BUCKET_COLUMN]: BucketSeen(r["low"], r["high"], r["event_time"]) for r in rows}
 
 
 def _split_late(

@@ -33,20 +33,27 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from backlog_dagster import sink as sinks
+from backlog_dagster import source as sources
 from backlog_dagster.phases.lag import watermark_lag
 from backlog_dagster.phases.lock import PhaseAlreadyRunning, exclusive_run
 from backlog_dagster.phases.markers import current_generation
-from backlog_dagster.phases.micro_batch import MicroBatchCommit, moved_under, refusal_in
+from backlog_dagster.phases.micro_batch import (
+    MicroBatchCommit,
+    moved_under,
+    refusal_in,
+    unreachable_in,
+)
 from backlog_dagster.phases.transform import check_against_source, read_schema
 from backlog_dagster.phases.truncation import handle_truncation, removed_unread
 from backlog_dagster.phases.watermark import judged_by_arrival
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink import Generation, Sink, for_other_processes
+from backlog_dagster.sink import Generation, Sink, SinkUnreachable
 from backlog_dagster.source import open_source
 from backlog_dagster.spark.session import runs_elsewhere
 
@@ -106,7 +113,9 @@ def run_realtime(
         return _run_realtime(
             spark,
             config,
-            MicroBatchCommit(for_other_processes(config), holder),
+            MicroBatchCommit(
+                sources.for_other_processes(sinks.for_other_processes(config)), holder
+            ),
             sink,
             status_sink,
             checkpoint_dir,
@@ -194,6 +203,14 @@ def _run_realtime(
         refused = refusal_in(str(error))
         if refused is not None:
             raise refused
+        unreachable = unreachable_in(str(error))
+        if unreachable is not None:
+            where = "the Spark Connect server" if runs_elsewhere(spark) else "this process"
+            raise SinkUnreachable(
+                f"pipeline {config.name}: the realtime commits run where Spark runs "
+                f"foreachBatch ({where}), and the sink cannot be opened there; nothing "
+                f"was committed: {unreachable}"
+            )
         # The query failed: where retention removed records under it, say so or skip
         # them; where another query (of a run that died) committed under it, go on from
         # there: start the query again from the progress the sink holds.
@@ -222,6 +239,9 @@ def _start_query(
     checkpoint_dir: Path,
 ) -> StreamingQuery:
     stream = reader.option("startingOffsets", json.dumps(start))
+    commit = replace(
+        commit, checkpoint=str(checkpoint_dir), starting={int(b): o for b, o in start.items()}
+    )
     if schema:
         stream = stream.schema(schema)
     if config.realtime.max_records_per_trigger:

@@ -177,11 +177,111 @@ def _earliest(value: object) -> object:
     return {} if value == "earliest" else value
 
 
-class SourceConfig(Frozen):
-    kind: Literal["bucketlog"] = Field(
-        "bucketlog", description="bucketlog: a topic of the embedded bucketed log."
+#: librdkafka settings the Kafka source sets itself: a pipeline may not.
+KAFKA_OWN_SETTINGS = frozenset(
+    {
+        "bootstrap.servers",
+        "group.id",
+        "isolation.level",
+        "enable.auto.commit",
+        "enable.auto.offset.store",
+        "auto.offset.reset",
+        "enable.partition.eof",
+    }
+)
+#: A librdkafka setting that holds a secret: only ``{env: NAME}`` may give it.
+_KAFKA_SECRET = re.compile(r"password|secret|jaas|token|\.pem$|key\.pem|private", re.IGNORECASE)
+
+
+def _kafka_properties(value: object) -> object:
+    """YAML's numbers and booleans as the text librdkafka reads; ``{env: …}`` as is."""
+    if isinstance(value, dict):
+        return {
+            k: (str(v).lower() if isinstance(v, bool) else v if isinstance(v, dict) else str(v))
+            for k, v in value.items()
+        }
+    return value
+
+
+def check_kafka_properties(properties: dict[str, str | FromEnv]) -> dict[str, str | FromEnv]:
+    for key, value in properties.items():
+        if key in KAFKA_OWN_SETTINGS:
+            raise ValueError(
+                f"{key!r} is set by backlog-dagster itself (bootstrap.servers and "
+                "isolation.level have fields of their own)"
+            )
+        if _KAFKA_SECRET.search(key) and isinstance(value, str):
+            raise ValueError(
+                f"{key!r} holds a secret; write {{env: NAME}} and set the environment "
+                "variable NAME instead, so it stays out of the file, the UI and the logs"
+            )
+    return properties
+
+
+class KafkaSourceConfig(Frozen):
+    """A Kafka topic: its partitions are the buckets, Kafka offsets the offsets."""
+
+    bootstrap_servers: Annotated[str | FromEnv, AfterValidator(no_written_secret)] = Field(
+        description="host:port[,host:port…] of brokers; {env: NAME} reads it from that "
+        "environment variable when a run starts."
     )
-    path: str = Field(description="Directory of the topic in the embedded log.")
+    topic: str = Field(min_length=1, description="The topic to read.")
+    isolation_level: Literal["read_committed", "read_uncommitted"] = Field(
+        "read_committed",
+        description="read_committed: only committed transactions' records, up to the last "
+        "stable offset; read_uncommitted: every record up to the high watermark.",
+    )
+    value_format: Literal["json", "raw"] = Field(
+        "json",
+        description="json: each value is a JSON object read against source.record_schema "
+        "(bad ones to the dead letters); raw: the columns key, value (BINARY), headers and "
+        "timestamp, to parse in transform.columns.",
+    )
+    properties: Annotated[
+        dict[str, str | FromEnv],
+        BeforeValidator(_kafka_properties),
+        AfterValidator(check_kafka_properties),
+    ] = Field(
+        default_factory=dict,
+        description="librdkafka settings passed through, e.g. security.protocol, "
+        "sasl.mechanism, sasl.username, ssl.ca.location; a secret (sasl.password, "
+        "ssl.key.password, …) only as {env: NAME}.",
+    )
+
+    def describe(self) -> str:
+        servers = (
+            self.bootstrap_servers
+            if isinstance(self.bootstrap_servers, str)
+            else f"${self.bootstrap_servers.env}"
+        )
+        return f"kafka topic {self.topic} at {servers}"
+
+
+class ArchiveConfig(Frozen):
+    """Older records of the source in files, in Kafka Connect's layout
+    (``<path>/<topic>/partition=<p>/<topic>+<p>+<startOffset>.<ext>``)."""
+
+    path: str = Field(description="The archive's root folder (relative: under the data root).")
+    format: Literal["parquet", "json"] = Field(
+        "parquet", description="parquet, or json (one record a line)."
+    )
+
+
+class SourceConfig(Frozen):
+    kind: Literal["bucketlog", "kafka"] = Field(
+        "bucketlog",
+        description="bucketlog: a topic of the embedded bucketed log (source.path); kafka: a "
+        "Kafka topic (source.kafka).",
+    )
+    path: str | None = Field(
+        None, description="kind bucketlog: the directory of the topic in the embedded log."
+    )
+    kafka: KafkaSourceConfig | None = Field(None, description="kind kafka: the topic to read.")
+    archive: ArchiveConfig | None = Field(
+        None,
+        description="Where the source's older records are kept in files: the backlog reads "
+        "each bucket's offsets the archive holds from there, the rest from the source.",
+    )
     event_time: str = Field(description="The TIMESTAMP column that times each record.")
     record_schema: str | None = Field(
         None,
@@ -210,6 +310,29 @@ class SourceConfig(Frozen):
         "stop with an error naming the buckets and offsets; skip: go on from the earliest "
         "offset the log holds, logging and counting the records skipped.",
     )
+
+    @model_validator(mode="after")
+    def _where(self) -> SourceConfig:
+        if self.kind == "bucketlog" and self.path is None:
+            raise ValueError("source.path is required: the directory of the topic")
+        if self.kind == "bucketlog" and self.kafka is not None:
+            raise ValueError("source.kafka is for kind kafka; this source is a bucketlog")
+        if self.kind == "kafka" and self.kafka is None:
+            raise ValueError("source.kafka is required for kind kafka: bootstrap_servers, topic")
+        if self.kind == "kafka" and self.path is not None:
+            raise ValueError("source.path is for kind bucketlog; a kafka source has source.kafka")
+        if self.kind == "kafka" and self.archive is not None:
+            raise ValueError(
+                "source.archive is read as the embedded log's stored columns; an archive of a "
+                "kafka topic is not supported yet"
+            )
+        return self
+
+    def describe(self) -> str:
+        """Where the records come from, for descriptions and messages (no secret)."""
+        if self.kafka is not None:
+            return self.kafka.describe()
+        return f"topic {self.path}"
 
 
 class WindowConfig(Frozen):
@@ -434,6 +557,18 @@ class PipelineConfig(Frozen):
         sink = data.get("sink")
         if isinstance(sink, dict) and "dsn" in sink:
             data["sink"] = {**sink, "dsn": masked(sink["dsn"])}
+        source = data.get("source")
+        kafka = source.get("kafka") if isinstance(source, dict) else None
+        if isinstance(source, dict) and isinstance(kafka, dict):
+            kafka = {**kafka}
+            if "bootstrap_servers" in kafka:
+                kafka["bootstrap_servers"] = masked(kafka["bootstrap_servers"])
+            if isinstance(kafka.get("properties"), dict):
+                kafka["properties"] = {
+                    k: "***" if _KAFKA_SECRET.search(str(k)) and isinstance(v, str) else v
+                    for k, v in kafka["properties"].items()
+                }
+            data["source"] = {**source, "kafka": kafka}
         return data
 
     name: Identifier = Field(description="The pipeline's name; prefixes its assets and jobs.")

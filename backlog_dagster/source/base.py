@@ -2,12 +2,18 @@
 
 The phases, the switch sensor and the checks at load time depend on the ``Source``
 protocol only; ``backlog_dagster.source.open_source`` chooses the implementation
-``source.kind`` names (today the embedded log; Kafka partitions are the next).
+``source.kind`` names: the embedded log (``backlog_dagster.log``) or Kafka
+(``backlog_dagster.kafka``).
+
+Offsets are positions, not record numbers: a bucket's records have increasing offsets
+that may leave gaps (Kafka's transaction markers take offsets of their own), so a read
+of ``[start, end)`` ends when the reader's position reaches ``end``, whatever the last
+record's offset, and progress is always a position.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, Self
@@ -22,6 +28,10 @@ if TYPE_CHECKING:
 
 class SourceError(RuntimeError):
     """A source that is missing, or asked for something it lacks."""
+
+
+#: The one text column of a JSON payload.
+JSON_VALUE_COLUMN = "value"
 
 
 class Payload(StrEnum):
@@ -56,6 +66,21 @@ class Arrivals:
     appends: list[tuple[float, int]]
 
 
+@dataclass(frozen=True)
+class StoredRecords:
+    """A batch of one bucket's records as the source holds them."""
+
+    #: The records, in the source's ``schema``.
+    records: pa.RecordBatch
+    #: Each record's offset (int64, increasing, not always dense).
+    offsets: pa.Array
+    #: Each record's time as the source keeps it (TIMESTAMP): the log's timestamp
+    #: column, Kafka's record timestamp. Readable as ``_timestamp``.
+    record_times: pa.Array
+    #: When each record arrived (TIMESTAMP). Readable as ``_appended_at``.
+    appended_at: pa.Array
+
+
 class Source(Protocol):
     @property
     def name(self) -> str:
@@ -66,8 +91,10 @@ class Source(Protocol):
         """The records' columns (for a JSON payload: the one text column)."""
 
     @property
-    def timestamp_column(self) -> str:
-        """The column the source times its records by, and indexes per append."""
+    def timestamp_column(self) -> str | None:
+        """The column the source times its records by and indexes per append, so that
+        it answers ``max_record_time``, ``append_time`` and ``arrivals`` without reading
+        records; None for a source without such an index (those calls are then refused)."""
 
     @property
     def payload(self) -> Payload: ...
@@ -94,6 +121,10 @@ class Source(Protocol):
 
     def arrivals(self, bucket: int, since: float, until: float = float("inf")) -> Arrivals:
         """The bucket's appends between two moments, with their latest record times."""
+
+    def read_records(self, bucket: int, start: int, end: int) -> Iterator[StoredRecords]:
+        """The bucket's records from position ``start`` until position ``end``, in order.
+        An error naming the bucket and offsets if part of the range is not held."""
 
     def batch_reader(self, spark: SparkSession) -> DataFrameReader:
         """A Spark batch reader over the source; the caller adds ``buckets``,

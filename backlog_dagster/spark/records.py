@@ -1,6 +1,6 @@
 """Turn stored log records into the Arrow batches a Spark reader yields.
 
-Runs inside Spark's Python workers, so it imports only pyarrow and the log.
+Runs inside Spark's Python workers, so it imports only pyarrow and the sources.
 
 A reader declares its output columns. Each is either a payload column (stored typed
 for an ``arrow`` topic, parsed from the JSON text for a ``json`` topic) or one of the
@@ -15,9 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from backlog_dagster.log import JSON_VALUE_COLUMN, TIMESTAMP, Payload, Topic
+from backlog_dagster.source.base import JSON_VALUE_COLUMN, Payload, Source, StoredRecords
 
 BUCKET_COLUMN = "_bucket"
 OFFSET_COLUMN = "_offset"
@@ -51,7 +52,6 @@ class RecordLayout:
 
     output: pa.Schema
     payload: Payload
-    timestamp_column: str
     fail_on_malformed: bool
 
     @property
@@ -87,42 +87,32 @@ def check_layout(layout: RecordLayout, topic_schema: pa.Schema, topic: str) -> N
 
 
 def read_range(
-    topic_path: str, bucket: int, start: int, end: int, layout: RecordLayout
+    source: Source, bucket: int, start: int, end: int, layout: RecordLayout
 ) -> Iterator[pa.RecordBatch]:
     """Yield records ``[start, end)`` of one bucket in the layout's output schema."""
-    with Topic(topic_path) as topic:
-        offset = start
-        for stored, appended_at in topic.read_arrivals(bucket, start, end):
-            yield shape(stored, bucket, offset, layout, appended_at)
-            offset += stored.num_rows
+    for stored in source.read_records(bucket, start, end):
+        yield shape(stored, bucket, layout)
 
 
-def shape(
-    stored: pa.RecordBatch,
-    bucket: int,
-    first_offset: int,
-    layout: RecordLayout,
-    appended_at: float,
-) -> pa.RecordBatch:
-    rows = stored.num_rows
+def shape(stored: StoredRecords, bucket: int, layout: RecordLayout) -> pa.RecordBatch:
+    rows = stored.records.num_rows
     if layout.payload is Payload.JSON:
-        payload, corrupt, errors = _parse_json(stored.column(JSON_VALUE_COLUMN), layout)
+        values = stored.records.column(JSON_VALUE_COLUMN)
+        payload, corrupt, errors = _parse_json(values, layout)
         if layout.fail_on_malformed and corrupt.null_count < rows:
             index = next(i for i, v in enumerate(corrupt.is_null().to_pylist()) if not v)
             raise MalformedRecord(
-                f"bucket {bucket} offset {first_offset + index}: {errors[index].as_py()} "
-                f"(record: {corrupt[index].as_py()[:200]!r})"
+                f"bucket {bucket} offset {stored.offsets[index].as_py()}: "
+                f"{errors[index].as_py()} (record: {corrupt[index].as_py()[:200]!r})"
             )
     else:
-        payload = pa.Table.from_batches([stored])
+        payload = pa.Table.from_batches([stored.records])
         corrupt = errors = pa.nulls(rows, pa.string())
     metadata = {
-        BUCKET_COLUMN: lambda: pa.array([bucket] * rows, pa.int32()),
-        OFFSET_COLUMN: lambda: pa.arange(first_offset, first_offset + rows),
-        TIMESTAMP_COLUMN: lambda: stored.column(layout.timestamp_column),
-        APPENDED_COLUMN: lambda: pa.array([round(appended_at * 1_000_000)] * rows, pa.int64()).cast(
-            TIMESTAMP
-        ),
+        BUCKET_COLUMN: lambda: pa.repeat(pa.scalar(bucket, pa.int32()), rows),
+        OFFSET_COLUMN: lambda: stored.offsets,
+        TIMESTAMP_COLUMN: lambda: stored.record_times,
+        APPENDED_COLUMN: lambda: stored.appended_at,
         CORRUPT_COLUMN: lambda: corrupt,
         ERROR_COLUMN: lambda: errors,
     }
@@ -148,9 +138,13 @@ def _parse_json(values: pa.Array, layout: RecordLayout) -> tuple[pa.Table, pa.Ar
     record is split, in halves, until each bad record stands alone. So a clean batch
     costs one native parse, and ``k`` bad records cost about ``k log n`` parses.
     """
-    texts = values.to_pylist()
     schema = layout.payload_schema
     options = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    whole = _parse_whole(values, options)
+    if whole is not None:
+        nulls = pa.nulls(len(values), pa.string())
+        return whole, nulls, nulls
+    texts = values.to_pylist()
     lines: list[bytes | None] = [_one_line(t) for t in texts]
     parsed: list[pa.Table] = []
     take: list[int | None] = [None] * len(texts)
@@ -196,6 +190,22 @@ def _parse_json(values: pa.Array, layout: RecordLayout) -> tuple[pa.Table, pa.Ar
         [t if e is not None else None for t, e in zip(texts, errors, strict=True)], pa.string()
     )
     return payload, corrupt, pa.array(errors, pa.string())
+
+
+def _parse_whole(values: pa.Array, options: pa_json.ParseOptions) -> pa.Table | None:
+    """The batch parsed in one native pass when it is clean (every value one line, one
+    object each), without a Python step per value; None to go the careful way."""
+    if values.null_count or not len(values):
+        return None
+    if pc.any(pc.match_substring_regex(values, "[\r\n]")).as_py():
+        return None
+    lines = pa.ListArray.from_arrays(pa.array([0, len(values)], pa.int32()), values)
+    joined = pc.binary_join(lines, "\n")[0].as_buffer()
+    try:
+        table = pa_json.read_json(pa.BufferReader(joined), parse_options=options)
+    except pa.ArrowInvalid:
+        return None
+    return table if table.num_rows == len(values) else None
 
 
 def _one_line(text: str | None) -> bytes | None:

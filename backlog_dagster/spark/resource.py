@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from dagster_pyspark import LazyPySparkResource
 
-from backlog_dagster.spark.session import register_source, spark_config, use_this_python
+from backlog_dagster.spark.session import register_sources, spark_config, use_this_python
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -25,5 +25,5 @@ def spark_resource(
 def session_of(resource: LazyPySparkResource) -> SparkSession:
     """The resource's session, with the ``bucketlog`` source registered on it."""
     session = resource.spark_session
-    register_source(session)
+    register_sources(session)
     return session

@@ -84,7 +84,8 @@ def runs_elsewhere(spark: SparkSession) -> bool:
     return not (spark.sparkContext.master or "").startswith("local")
 
 
-def register_source(session: SparkSession) -> None:
-    from backlog_dagster.spark.source import BucketLogDataSource
+def register_sources(session: SparkSession) -> None:
+    from backlog_dagster.source import data_sources
 
-    session.dataSource.register(BucketLogDataSource)
+    for data_source in data_sources():
+        session.dataSource.register(data_source)

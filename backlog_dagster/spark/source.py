@@ -1,10 +1,14 @@
-"""The Spark data source over the embedded log, registered as format ``bucketlog``.
+"""The Spark data source over a ``Source``; the embedded log's is format ``bucketlog``.
+
+Everything here works on the ``Source`` contract: a source's own package subclasses
+``SourceDataSource`` with its format name and how to open it from the options (Kafka:
+``backlog_dagster.kafka.spark``). The embedded log:
 
     spark.read.format("bucketlog").option("path", topic_dir).load()
     spark.readStream.format("bucketlog").option("path", topic_dir)
          .option("maxRecordsPerTrigger", 100_000).load()
 
-Options (all optional but ``path``):
+Options (all optional but ``path``, or what the source's own package names):
 
 - ``startingOffsets``: ``earliest`` (default), ``latest``, or JSON ``{"<bucket>": offset}``;
   buckets the JSON leaves out start at their earliest offset.
@@ -21,7 +25,8 @@ Options (all optional but ``path``):
 
 Streaming offsets are ``{"<bucket>": next offset}`` with string keys in sorted order,
 because Spark compares offsets as JSON text. A bucket added to the topic while a query
-runs is read from its earliest offset from the next micro-batch on.
+runs is read from its earliest offset from the next micro-batch on. Offsets are
+positions: a range's end need not be a record's offset plus one (``source.base``).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
 from backlog_dagster.log import Topic
+from backlog_dagster.log.topic import SPARK_FORMAT
+from backlog_dagster.source.base import Source
 from backlog_dagster.spark.records import (
     BUCKET_COLUMN,
     OFFSET_COLUMN,
@@ -57,18 +64,18 @@ from backlog_dagster.spark.records import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     import pyarrow as pa
 
-FORMAT = "bucketlog"
+FORMAT = SPARK_FORMAT
 DEFAULT_MAX_RECORDS_PER_PARTITION = 2_000_000
 
 Offsets = dict[str, int]
 
 
 @dataclass(frozen=True)
-class LogRanges(InputPartition):
+class Ranges(InputPartition):
     """One Spark task's work: offsets ``[start, end)`` of one or more buckets.
 
     A bucket's range is split at ``maxRecordsPerPartition``; small ranges are packed
@@ -76,20 +83,20 @@ class LogRanges(InputPartition):
     buckets is one task, not eight (each task costs a Python worker round trip).
     """
 
-    topic_path: str
     ranges: tuple[tuple[int, int, int], ...]
 
 
-class BucketLogDataSource(DataSource):
-    """Batch and streaming reads of a topic of the embedded log."""
+class SourceDataSource(DataSource):
+    """Batch and streaming reads of a source; subclasses name it and open it."""
 
-    @classmethod
-    def name(cls) -> str:
-        return FORMAT
+    @staticmethod
+    def open(options: Mapping[str, str]) -> Source:
+        """The source the options name (keys lower-cased, as Spark passes them)."""
+        raise NotImplementedError
 
     def schema(self) -> StructType:
-        """With no declared schema: the topic's stored columns plus bucket and offset."""
-        with _open_topic(self.options) as topic:
+        """With no declared schema: the source's stored columns plus bucket and offset."""
+        with self.open(_lower(self.options)) as topic:
             stored = from_arrow_schema(topic.schema, prefer_timestamp_ntz=False)
         return StructType(
             [
@@ -100,44 +107,64 @@ class BucketLogDataSource(DataSource):
         )
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return BatchReader(_Plan.make(self.options, schema))
+        return BatchReader(_Plan.make(self.open, self.options, schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return StreamReader(_Plan.make(self.options, schema))
+        return StreamReader(_Plan.make(self.open, self.options, schema))
+
+
+class BucketLogDataSource(SourceDataSource):
+    """A topic of the embedded log, by its directory (option ``path``)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    @staticmethod
+    def open(options: Mapping[str, str]) -> Source:
+        path = _option(options, "path")
+        if path is None:
+            raise ValueError(f"the {FORMAT} source needs option path: the topic's directory")
+        return Topic(path)
 
 
 @dataclass(frozen=True)
 class _Plan:
     """The parsed options and output layout, shared by the batch and stream readers."""
 
-    topic_path: str
+    open_source: Callable[[Mapping[str, str]], Source]
     layout: RecordLayout
     options: Mapping[str, str]
     max_records_per_partition: int
 
     @classmethod
-    def make(cls, options: Mapping[str, str], schema: StructType) -> _Plan:
-        # Spark hands options over with their keys lower-cased.
-        options = {key.lower(): value for key, value in options.items()}
+    def make(
+        cls,
+        open_source: Callable[[Mapping[str, str]], Source],
+        options: Mapping[str, str],
+        schema: StructType,
+    ) -> _Plan:
+        options = _lower(options)
         mode = _option(options, "mode", "PERMISSIVE").upper()
         if mode not in ("PERMISSIVE", "FAILFAST"):
             raise ValueError(f"option mode must be PERMISSIVE or FAILFAST, not {mode!r}")
-        with _open_topic(options) as topic:
+        with open_source(options) as topic:
             layout = RecordLayout(
                 output=_arrow_schema(schema),
                 payload=topic.payload,
-                timestamp_column=topic.timestamp_column,
                 fail_on_malformed=mode == "FAILFAST",
             )
             check_layout(layout, topic.schema, topic.name)
-            path = str(topic.path)
         per_partition = _positive_int(
             options, "maxRecordsPerPartition", DEFAULT_MAX_RECORDS_PER_PARTITION
         )
         assert per_partition is not None
-        return cls(path, layout, options, per_partition)
+        return cls(open_source, layout, options, per_partition)
 
-    def starting_offsets(self, topic: Topic) -> Offsets:
+    def source(self) -> Source:
+        return self.open_source(self.options)
+
+    def starting_offsets(self, topic: Source) -> Offsets:
         bounds = topic.bounds()
         moment = _option(self.options, "startingTimestamp")
         if moment is not None:
@@ -164,7 +191,7 @@ class _Plan:
                 f"option buckets must list bucket ids like 0,3,5, not {spec!r}"
             ) from error
 
-    def partitions(self, start: Mapping[str, int], end: Mapping[str, int]) -> list[LogRanges]:
+    def partitions(self, start: Mapping[str, int], end: Mapping[str, int]) -> list[Ranges]:
         size = self.max_records_per_partition
         chosen = self.buckets
         pieces = []
@@ -173,21 +200,22 @@ class _Plan:
                 continue
             low = start.get(key, stop)
             pieces += [(int(key), at, min(at + size, stop)) for at in range(low, stop, size)]
-        partitions: list[LogRanges] = []
+        partitions: list[Ranges] = []
         packed: list[tuple[int, int, int]] = []
         for piece in pieces:
             if packed and sum(e - s for _, s, e in packed) + piece[2] - piece[1] > size:
-                partitions.append(LogRanges(self.topic_path, tuple(packed)))
+                partitions.append(Ranges(tuple(packed)))
                 packed = []
             packed.append(piece)
         if packed:
-            partitions.append(LogRanges(self.topic_path, tuple(packed)))
+            partitions.append(Ranges(tuple(packed)))
         return partitions
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, LogRanges)
-        for bucket, start, end in partition.ranges:
-            yield from read_range(partition.topic_path, bucket, start, end, self.layout)
+        assert isinstance(partition, Ranges)
+        with self.source() as source:
+            for bucket, start, end in partition.ranges:
+                yield from read_range(source, bucket, start, end, self.layout)
 
 
 class BatchReader(DataSourceReader):
@@ -197,7 +225,7 @@ class BatchReader(DataSourceReader):
         self.plan = plan
 
     def partitions(self) -> Sequence[InputPartition]:
-        with Topic(self.plan.topic_path) as topic:
+        with self.plan.source() as topic:
             start = self.plan.starting_offsets(topic)
             bounds = topic.bounds()
             spec = _option(self.plan.options, "endingOffsets", "latest").strip()
@@ -223,7 +251,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: Offsets | None = None
 
     def initialOffset(self) -> dict:
-        with Topic(self.plan.topic_path) as topic:
+        with self.plan.source() as topic:
             return self.plan.starting_offsets(topic)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -253,10 +281,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.plan.read(partition)
 
     def commit(self, end: dict) -> None:
-        """Nothing to do: the log keeps records by retention, not by consumer progress."""
+        """Nothing to do: progress is the sink's; sources keep records by retention."""
 
     def _available(self) -> Offsets:
-        with Topic(self.plan.topic_path) as topic:
+        with self.plan.source() as topic:
             return _sorted(topic.latest_offsets())
 
     def _begin(self, start: Mapping[str, int], known: Mapping[str, int]) -> Offsets:
@@ -264,7 +292,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         missing = [key for key in known if key not in start]
         if not missing:
             return dict(start)
-        with Topic(self.plan.topic_path) as topic:
+        with self.plan.source() as topic:
             earliest = {str(b): v.earliest for b, v in topic.bounds().items()}
         return _sorted({**{key: earliest[key] for key in missing}, **start})
 
@@ -302,11 +330,9 @@ def _option(options: Mapping[str, str], name: str, default: str | None = None) -
     return options.get(name.lower(), options.get(name, default))
 
 
-def _open_topic(options: Mapping[str, str]) -> Topic:
-    path = _option(options, "path")
-    if path is None:
-        raise ValueError(f"the {FORMAT} source needs option path: the topic's directory")
-    return Topic(path)
+def _lower(options: Mapping[str, str]) -> dict[str, str]:
+    """Options with lower-cased keys: the form Spark hands them over in."""
+    return {key.lower(): value for key, value in options.items()}
 
 
 def _arrow_schema(schema: StructType) -> pa.Schema:

@@ -1,0 +1,239 @@
+"""A source whose older records are in an archive and the rest in the log: each bucket's
+offsets the archive holds are read from its files, the others from the log (FLIP-309's
+hybrid source, bucket by bucket and offset by offset).
+
+Each offset is read from one place: from the archive below the log's earliest offset,
+from the log at and above it, so a stretch both hold is counted once and files added to
+the archive while a backlog runs change nothing it reads. A stretch neither holds (the
+log lost it before it was archived) is named in an error. Realtime reads past the
+markers, which the log holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from backlog_dagster.archive.layout import ArchiveFile, Format, files, records_in
+from backlog_dagster.source.base import Arrivals, Payload, Source, SourceError, StoredRecords
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.readwriter import DataFrameReader
+    from pyspark.sql.streaming import DataStreamReader
+
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+#: Records per batch handed over from an archive file.
+BATCH_RECORDS = 65_536
+
+
+@dataclass(frozen=True)
+class HybridBounds:
+    earliest: int
+    latest: int
+
+
+@dataclass(frozen=True)
+class _Held:
+    file: ArchiveFile
+    end: int
+
+
+class ArchiveThenLog:
+    """The archive at ``root`` (``fmt`` files of topic ``name``) in front of ``log``.
+
+    ``log_format`` and ``log_options`` say how Spark opens the log, so that Spark's
+    tasks can open the same pair (``archive.spark``).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        fmt: Format,
+        log: Source,
+        log_format: str,
+        log_options: Mapping[str, str],
+    ) -> None:
+        self.root, self.fmt, self.log = root, fmt, log
+        self.log_format, self.log_options = log_format, dict(log_options)
+
+    # -- what it is: the log's -------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.log.name
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.log.schema
+
+    @property
+    def timestamp_column(self) -> str | None:
+        return self.log.timestamp_column
+
+    @property
+    def payload(self) -> Payload:
+        return self.log.payload
+
+    # -- offsets ---------------------------------------------------------------------
+
+    def held(self) -> dict[int, list[_Held]]:
+        """The archive's files, read afresh, with the offset after each one's records."""
+        return {
+            b: [_Held(f, f.start + records_in(f)) for f in fs]
+            for b, fs in files(self.root, self.name).items()
+        }
+
+    def bounds(self) -> dict[int, HybridBounds]:
+        archived = self.held()
+        bounds = {}
+        for bucket, logged in self.log.bounds().items():
+            first = archived[bucket][0].file.start if archived.get(bucket) else logged.earliest
+            bounds[bucket] = HybridBounds(min(first, logged.earliest), logged.latest)
+        return bounds
+
+    def latest_offsets(self) -> dict[int, int]:
+        return self.log.latest_offsets()
+
+    def offset_for_time(self, bucket: int, timestamp_us: int) -> int:
+        logged = self.log.bounds()[bucket]
+        for held in self.held().get(bucket, []):
+            if held.file.start >= logged.earliest:
+                break
+            times = self._times(held)
+            later = pc.greater_equal(times, pa.scalar(timestamp_us, TIMESTAMP))
+            index = pc.index(later, True).as_py()
+            if index >= 0:
+                return held.file.start + index
+        return self.log.offset_for_time(bucket, timestamp_us)
+
+    def record_time(self, bucket: int, offset: int) -> int:
+        if offset >= self.log.bounds()[bucket].earliest:
+            return self.log.record_time(bucket, offset)
+        held = self._holding(bucket, offset, offset + 1)
+        return int(self._times(held).cast(pa.int64())[offset - held.file.start].as_py())
+
+    def max_record_time(self, bucket: int, start: int, end: int) -> int | None:
+        earliest = self.log.bounds()[bucket].earliest
+        latest = None
+        if end > earliest:
+            latest = self.log.max_record_time(bucket, max(start, earliest), end)
+        for stored in self._archived(bucket, start, min(end, earliest)):
+            high = pc.max(stored.record_times.cast(pa.int64())).as_py()
+            latest = high if latest is None or (high is not None and high > latest) else latest
+        return latest
+
+    def last_append_time(self, bucket: int) -> float | None:
+        return self.log.last_append_time(bucket)
+
+    def append_time(self, bucket: int, offset: int) -> float | None:
+        if offset >= self.log.bounds()[bucket].earliest:
+            return self.log.append_time(bucket, offset)
+        return self.record_time(bucket, offset) / 1_000_000  # archived: long arrived
+
+    def arrivals(self, bucket: int, since: float, until: float = float("inf")) -> Arrivals:
+        return self.log.arrivals(bucket, since, until)
+
+    # -- records ---------------------------------------------------------------------
+
+    def read_records(self, bucket: int, start: int, end: int) -> Iterator[StoredRecords]:
+        earliest = self.log.bounds()[bucket].earliest
+        yield from self._archived(bucket, start, min(end, earliest))
+        if end > max(start, earliest):
+            yield from self.log.read_records(bucket, max(start, earliest), end)
+
+    def _archived(self, bucket: int, start: int, end: int) -> Iterator[StoredRecords]:
+        """Records ``[start, end)`` from the archive's files; a hole is an error."""
+        listed = self.held().get(bucket, []) if start < end else []
+        at = start
+        while at < end:
+            held = self._holding(bucket, at, end, listed)
+            stop = min(end, held.end)
+            piece = self._table(held).slice(at - held.file.start, stop - at)
+            for batch in piece.to_batches(max_chunksize=BATCH_RECORDS):
+                times = self._record_times(batch)
+                yield StoredRecords(
+                    records=batch,
+                    offsets=pa.arange(at, at + batch.num_rows),
+                    record_times=times,
+                    appended_at=times,
+                )
+                at += batch.num_rows
+
+    def _holding(
+        self, bucket: int, offset: int, end: int, listed: list[_Held] | None = None
+    ) -> _Held:
+        """The file that holds ``offset`` (from ``listed``, else the archive read afresh)."""
+        for held in self.held().get(bucket, []) if listed is None else listed:
+            if held.file.start <= offset < held.end:
+                return held
+        raise SourceError(
+            f"{self.name} bucket {bucket}: offsets from {offset} (before {end}) are neither in "
+            f"the archive {self.root} nor in the log (its earliest offset is "
+            f"{self.log.bounds()[bucket].earliest})"
+        )
+
+    def _table(self, held: _Held) -> pa.Table:
+        if held.file.format == "parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(held.file.path)
+        else:
+            import pyarrow.json as pa_json
+
+            options = pa_json.ParseOptions(explicit_schema=self.schema)
+            table = pa_json.read_json(held.file.path, parse_options=options)
+        return table.select(self.schema.names).cast(self.schema)
+
+    def _times(self, held: _Held) -> pa.Array:
+        return self._record_times(self._table(held).combine_chunks().to_batches()[0])
+
+    def _record_times(self, batch: pa.RecordBatch) -> pa.Array:
+        column = self.timestamp_column
+        if column is None or column not in batch.schema.names:
+            return pa.nulls(batch.num_rows, TIMESTAMP)
+        return batch.column(column).cast(TIMESTAMP)
+
+    # -- Spark -------------------------------------------------------------------------
+
+    def spark_options(self) -> dict[str, str]:
+        from backlog_dagster.archive.spark import options_for
+
+        return options_for(self.root, self.fmt, self.log_format, self.log_options)
+
+    def batch_reader(self, spark: SparkSession) -> DataFrameReader:
+        from backlog_dagster.archive.spark import FORMAT
+
+        return spark.read.format(FORMAT).options(**self.spark_options())
+
+    def stream_reader(self, spark: SparkSession) -> DataStreamReader:
+        from backlog_dagster.archive.spark import FORMAT
+
+        return spark.readStream.format(FORMAT).options(**self.spark_options())
+
+    def check_reachable(self, spark: SparkSession) -> None:
+        from pyspark.sql import functions as F
+
+        self.log.check_reachable(spark)
+        root = str(self.root)
+        seen = F.udf(lambda path: Path(path).is_dir(), "boolean")
+        row = spark.range(1).select(seen(F.lit(root)).alias("seen")).first()
+        if row is None or not row["seen"]:
+            raise SourceError(
+                f"archive {root}: Spark's executors do not see it at that path; it must be "
+                "on a filesystem every executor shares"
+            )
+
+    def close(self) -> None:
+        self.log.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,182 @@
+"""The archive: a topic's older records in files, in Kafka Connect's layout."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from pyspark.sql import SparkSession
+
+from backlog_dagster.archive.layout import archived_end, files, records_in
+from backlog_dagster.cli import main
+from backlog_dagster.log import Topic
+from backlog_dagster.phases.backlog import run_backlog
+from backlog_dagster.phases.markers import current_generation
+from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.sink import open_sink
+from backlog_dagster.source import open_source
+from tests.conftest import MakeTopic, append_orders
+from tests.pipelines import (
+    CUSTOMER_TOTALS,
+    assert_same,
+    customer_totals_oracle,
+    pipeline,
+    records_up_to,
+)
+from tests.test_backlog import wait_for
+from tests.test_realtime import RealtimeThread, reached
+
+#: append_orders stamps its records within the 100 s before this moment.
+END_S = 1_790_000_100
+
+
+def archive(topic: Path, folder: Path, at_s: float, *more: str) -> str:
+    moment = datetime.fromtimestamp(at_s, UTC).isoformat()
+    result = CliRunner().invoke(
+        main, ["log", "archive", str(topic), str(folder), "--before-time", moment, *more]
+    )
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_an_archive_holds_each_buckets_older_records_once_in_kafka_connect_layout(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(records=20_000, buckets=3)
+    folder = tmp_path / "archive"
+    archive(topic.path, folder, END_S - 60, "--records-per-file", "2500")
+    archive(topic.path, folder, END_S - 20, "--records-per-file", "2500")  # goes on
+    with Topic(topic.path) as log:
+        for bucket, held in files(folder, "orders").items():
+            assert all(
+                f.path.name == f"orders+{bucket}+{f.start:010d}.parquet"
+                and f.path.parent.name == f"partition={bucket}"
+                for f in held
+            )
+            starts = [f.start for f in held]
+            ends = [f.start + records_in(f) for f in held]
+            assert starts[0] == 0 and starts[1:] == ends[:-1]  # no gap, no overlap
+            end = log.offset_for_time(bucket, (END_S - 20) * 1_000_000)
+            assert ends[-1] == end
+            archived = pa.concat_tables(pq.read_table(f.path) for f in held)
+            assert archived.equals(pa.Table.from_batches(list(log.read(bucket, 0, end))))
+    assert "nothing new to archive" in archive(topic.path, folder, END_S - 20)
+
+
+def test_an_archive_in_json_and_then_truncating_the_log(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(records=6_000, buckets=2)
+    folder = tmp_path / "archive"
+    with Topic(topic.path) as log:
+        first_ids = {b: next(log.read(b, 0, 1))["order_id"][0].as_py() for b in log.buckets()}
+    archive(topic.path, folder, END_S - 50, "--format", "json", "--truncate")
+    with Topic(topic.path) as log:
+        for bucket, bounds in log.bounds().items():
+            assert bounds.earliest == archived_end(folder, "orders", bucket) > 0
+            (only,) = files(folder, "orders")[bucket]
+            rows = [json.loads(line) for line in only.path.read_text().splitlines()]
+            assert len(rows) == bounds.earliest
+            assert rows[0]["order_id"] == first_ids[bucket]
+
+
+def archived_pipeline(tmp_path: Path, folder: Path, fmt: str = "parquet") -> PipelineConfig:
+    return pipeline(
+        tmp_path,
+        CUSTOMER_TOTALS,
+        source={
+            "path": str(tmp_path / "orders"),
+            "event_time": "event_time",
+            "archive": {"path": str(folder), "format": fmt},
+        },
+        realtime={"checkpoint_interval": 0.5},
+        backlog={"checkpoint_interval": 0.2},
+    )
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "json"])
+def test_backlog_from_the_archive_then_the_log_then_realtime_equal_the_oracle(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path, fmt: str
+) -> None:
+    """The log keeps only its newer records; the archive the older ones."""
+    topic = make_topic(records=20_000, buckets=3)
+    everything = records_up_to(topic, topic.latest_offsets())
+    folder = tmp_path / "archive"
+    archive(topic.path, folder, END_S - 50, "--format", fmt, "--truncate")
+    assert all(b.earliest > 0 for b in topic.bounds().values())
+    config = archived_pipeline(tmp_path, folder, fmt)
+    with open_sink(config) as sink:
+        run_backlog(spark, config, sink, log=print)
+        assert all(b.start == 0 for b in sink.current_generation().buckets.values())  # type: ignore[union-attr]
+        results = sink.read_results().to_pandas()
+    assert_same(results, customer_totals_oracle(everything), ["customer_id"])
+    if fmt == "json":
+        return  # realtime reads the log alone: once is enough
+    runner = RealtimeThread(spark, config, tmp_path / "checkpoint")
+    runner.start()
+    append_orders(topic, 3_000)
+    wait_for(lambda: reached(config) == topic.latest_offsets(), timeout=120)
+    runner.stop()
+    with open_sink(config) as sink:
+        results = sink.read_results().to_pandas()
+    assert_same(
+        results,
+        customer_totals_oracle(records_with_archive(folder, topic, fmt)),
+        ["customer_id"],
+    )
+
+
+def test_what_archive_and_log_both_hold_counts_once_and_new_files_change_nothing(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(records=15_000, buckets=3)
+    folder = tmp_path / "archive"
+    archive(topic.path, folder, END_S - 60)  # the log keeps everything: they overlap
+    config = archived_pipeline(tmp_path, folder)
+    with open_sink(config) as sink, open_source(config) as source:
+        current_generation(sink, source, config, print)  # the markers
+        archive(topic.path, folder, END_S - 10)  # files appear before the backlog reads
+        run_backlog(spark, config, sink, log=print)
+        results = sink.read_results().to_pandas()
+    assert_same(
+        results,
+        customer_totals_oracle(records_up_to(topic, topic.latest_offsets())),
+        ["customer_id"],
+    )
+
+
+def test_offsets_neither_archive_nor_log_hold_are_named(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(records=9_000, buckets=1)
+    folder = tmp_path / "archive"
+    archive(topic.path, folder, END_S - 70)
+    end = archived_end(folder, "orders", 0)
+    assert end is not None
+    topic.bucket(0).truncate_before(end + 500)  # retention took more than was archived
+    config = archived_pipeline(tmp_path, folder)
+    with open_sink(config) as sink, pytest.raises(Exception, match=rf"offsets from {end} "):
+        run_backlog(spark, config, sink, log=print)
+
+
+def records_with_archive(folder: Path, topic: Topic, fmt: str) -> pd.DataFrame:
+    """Every record: the archive's below the log's earliest offset, then the log's."""
+    frames = []
+    for bucket, bounds in topic.bounds().items():
+        for held in files(folder, "orders").get(bucket, []):
+            table = (
+                pq.read_table(held.path)
+                if fmt == "parquet"
+                else pd.read_json(held.path, lines=True)
+            )
+            frame = table.to_pandas() if isinstance(table, pa.Table) else table
+            keep = bounds.earliest - held.start
+            frames.append(frame.iloc[: max(0, keep)])
+        frames.append(records_up_to(topic, {bucket: bounds.latest}, {bucket: bounds.earliest}))
+    return pd.concat(frames, ignore_index=True)
