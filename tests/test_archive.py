@@ -8,19 +8,24 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
 from backlog_dagster.archive.layout import archived_end, files, records_in
+from backlog_dagster.archive.source import ArchiveThenLog
+from backlog_dagster.archive.spark import FORMAT
 from backlog_dagster.cli import main
 from backlog_dagster.log import Topic
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.markers import current_generation
+from backlog_dagster.phases.transform import read_schema
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import open_sink
 from backlog_dagster.source import open_source
+from backlog_dagster.spark.source import read_ranges
 from tests.conftest import MakeTopic, append_orders
 from tests.pipelines import (
     CUSTOMER_TOTALS,
@@ -112,8 +117,15 @@ def test_backlog_from_the_archive_then_the_log_then_realtime_equal_the_oracle(
     assert all(b.earliest > 0 for b in topic.bounds().values())
     config = archived_pipeline(tmp_path, folder, fmt)
     with open_sink(config) as sink:
-        run_backlog(spark, config, sink, log=print)
+        report = run_backlog(spark, config, sink, log=print)
         assert all(b.start == 0 for b in sink.current_generation().buckets.values())  # type: ignore[union-attr]
+    # Which part each bucket was read from, as the run's materialization says.
+    assert set(report.read_from.values()) == {"archive, log"}
+    with open_source(config) as source:
+        for bucket, bounds in topic.bounds().items():
+            assert source.held_by(bucket, bounds.earliest - 1) == "archive"
+            assert source.held_by(bucket, bounds.earliest) == "log"
+    with open_sink(config) as sink:
         results = sink.read_results().to_pandas()
     assert_same(results, customer_totals_oracle(everything), ["customer_id"])
     if fmt == "json":
@@ -163,6 +175,41 @@ def test_offsets_neither_archive_nor_log_hold_are_named(
     config = archived_pipeline(tmp_path, folder)
     with open_sink(config) as sink, pytest.raises(Exception, match=rf"offsets from {end} "):
         run_backlog(spark, config, sink, log=print)
+
+
+def test_a_parquet_archive_is_read_by_sparks_own_reader_at_the_same_offsets(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """The backlog's read of a Parquet archive is a Parquet scan, not the Python hand-over,
+    and yields the records, offsets and times the Python reader does, over ranges that
+    start and end inside files and reach on into the log."""
+    topic = make_topic(records=12_000, buckets=2)
+    folder = tmp_path / "archive"
+    archive(topic.path, folder, END_S - 50, "--records-per-file", "1500", "--truncate")
+    config = archived_pipeline(tmp_path, folder)
+    with open_source(config) as source:
+        assert isinstance(source, ArchiveThenLog)
+        start = {b: 700 for b in source.bounds()}
+        end = {b: v.latest - 300 for b, v in source.bounds().items()}
+        schema = read_schema(config, source, arrival=True)
+        native = source.read_batch(spark, schema, start, end)
+        assert any(path.endswith(".parquet") for path in native.inputFiles())
+        through_python = read_ranges(
+            spark.read.format(FORMAT).options(**source.spark_options()), schema, start, end
+        )
+        order = ["_bucket", "_offset"]
+        got = native.toPandas().sort_values(order, ignore_index=True)
+        expected = through_python.toPandas().sort_values(order, ignore_index=True)
+        assert len(got) == sum(end[b] - start[b] for b in start)
+        pd.testing.assert_frame_equal(got, expected)
+        for bucket, held in files(folder, "orders").items():
+            whole = source.max_record_time(bucket, held[0].start, held[0].start + 1500)
+            part = source.max_record_time(bucket, held[0].start, held[0].start + 1499)
+            expected_max = [
+                int(pc.max(stored.record_times.cast(pa.int64())).as_py())
+                for stored in source.read_records(bucket, held[0].start, held[0].start + 1500)
+            ]
+            assert whole == max(expected_max) and part is not None and part <= whole
 
 
 def records_with_archive(folder: Path, topic: Topic, fmt: str) -> pd.DataFrame:

@@ -23,8 +23,7 @@ from backlog_dagster.archive.layout import ArchiveFile, Format, files, records_i
 from backlog_dagster.source.base import Arrivals, Payload, Source, SourceError, StoredRecords
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-    from pyspark.sql.readwriter import DataFrameReader
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamReader
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -100,6 +99,11 @@ class ArchiveThenLog:
     def latest_offsets(self) -> dict[int, int]:
         return self.log.latest_offsets()
 
+    def held_by(self, bucket: int, offset: int) -> str:
+        if offset < self.log.bounds()[bucket].earliest:
+            return "archive"
+        return self.log.held_by(bucket, offset)
+
     def offset_for_time(self, bucket: int, timestamp_us: int) -> int:
         logged = self.log.bounds()[bucket]
         for held in self.held().get(bucket, []):
@@ -115,18 +119,18 @@ class ArchiveThenLog:
     def record_time(self, bucket: int, offset: int) -> int:
         if offset >= self.log.bounds()[bucket].earliest:
             return self.log.record_time(bucket, offset)
-        held = self._holding(bucket, offset, offset + 1)
+        held = self._holding(bucket, offset)
         return int(self._times(held).cast(pa.int64())[offset - held.file.start].as_py())
 
     def max_record_time(self, bucket: int, start: int, end: int) -> int | None:
         earliest = self.log.bounds()[bucket].earliest
-        latest = None
+        found = []
         if end > earliest:
-            latest = self.log.max_record_time(bucket, max(start, earliest), end)
-        for stored in self._archived(bucket, start, min(end, earliest)):
-            high = pc.max(stored.record_times.cast(pa.int64())).as_py()
-            latest = high if latest is None or (high is not None and high > latest) else latest
-        return latest
+            found.append(self.log.max_record_time(bucket, max(start, earliest), end))
+        for held in self._covering(bucket, start, min(end, earliest)):
+            found.append(self._max_time(held, max(start, held.file.start), min(end, held.end)))
+        times = [t for t in found if t is not None]
+        return max(times) if times else None
 
     def last_append_time(self, bucket: int) -> float | None:
         return self.log.last_append_time(bucket)
@@ -149,11 +153,8 @@ class ArchiveThenLog:
 
     def _archived(self, bucket: int, start: int, end: int) -> Iterator[StoredRecords]:
         """Records ``[start, end)`` from the archive's files; a hole is an error."""
-        listed = self.held().get(bucket, []) if start < end else []
-        at = start
-        while at < end:
-            held = self._holding(bucket, at, end, listed)
-            stop = min(end, held.end)
+        for held in self._covering(bucket, start, end):
+            at, stop = max(start, held.file.start), min(end, held.end)
             piece = self._table(held).slice(at - held.file.start, stop - at)
             for batch in piece.to_batches(max_chunksize=BATCH_RECORDS):
                 times = self._record_times(batch)
@@ -165,18 +166,24 @@ class ArchiveThenLog:
                 )
                 at += batch.num_rows
 
-    def _holding(
-        self, bucket: int, offset: int, end: int, listed: list[_Held] | None = None
-    ) -> _Held:
-        """The file that holds ``offset`` (from ``listed``, else the archive read afresh)."""
-        for held in self.held().get(bucket, []) if listed is None else listed:
-            if held.file.start <= offset < held.end:
-                return held
-        raise SourceError(
-            f"{self.name} bucket {bucket}: offsets from {offset} (before {end}) are neither in "
-            f"the archive {self.root} nor in the log (its earliest offset is "
-            f"{self.log.bounds()[bucket].earliest})"
-        )
+    def _covering(self, bucket: int, start: int, end: int) -> list[_Held]:
+        """The files that hold ``[start, end)`` of ``bucket``, in order; a hole is an error."""
+        listed = self.held().get(bucket, []) if start < end else []
+        covering, at = [], start
+        while at < end:
+            held = next((h for h in listed if h.file.start <= at < h.end), None)
+            if held is None:
+                raise SourceError(
+                    f"{self.name} bucket {bucket}: offsets from {at} (before {end}) are "
+                    f"neither in the archive {self.root} nor in the log (its earliest offset "
+                    f"is {self.log.bounds()[bucket].earliest})"
+                )
+            covering.append(held)
+            at = held.end
+        return covering
+
+    def _holding(self, bucket: int, offset: int) -> _Held:
+        return self._covering(bucket, offset, offset + 1)[0]
 
     def _table(self, held: _Held) -> pa.Table:
         if held.file.format == "parquet":
@@ -191,7 +198,29 @@ class ArchiveThenLog:
         return table.select(self.schema.names).cast(self.schema)
 
     def _times(self, held: _Held) -> pa.Array:
+        """The file's record times, reading only that column where the format can."""
+        column = self.timestamp_column
+        if held.file.format == "parquet" and column is not None:
+            import pyarrow.parquet as pq
+
+            times = pq.read_table(held.file.path, columns=[column]).column(column)
+            return times.combine_chunks().cast(TIMESTAMP)
         return self._record_times(self._table(held).combine_chunks().to_batches()[0])
+
+    def _max_time(self, held: _Held, start: int, end: int) -> int | None:
+        """The latest record time of ``[start, end)`` within one file: from the Parquet
+        footer's statistics when the range is the whole file, else from the column."""
+        column = self.timestamp_column
+        if start >= end or column is None:
+            return None
+        whole = (start, end) == (held.file.start, held.end)
+        if whole and held.file.format == "parquet":
+            high = _footer_max(held.file.path, column)
+            if high is not None:
+                return high
+        times = self._times(held).slice(start - held.file.start, end - start)
+        latest = pc.max(times.cast(pa.int64())).as_py()
+        return None if latest is None else int(latest)
 
     def _record_times(self, batch: pa.RecordBatch) -> pa.Array:
         column = self.timestamp_column
@@ -206,10 +235,44 @@ class ArchiveThenLog:
 
         return options_for(self.root, self.fmt, self.log_format, self.log_options)
 
-    def batch_reader(self, spark: SparkSession) -> DataFrameReader:
-        from backlog_dagster.archive.spark import FORMAT
+    def read_batch(
+        self,
+        spark: SparkSession,
+        schema: str | None,
+        start: Mapping[int, int] | None = None,
+        end: Mapping[int, int] | None = None,
+    ) -> DataFrame:
+        """Parquet archives are read by Spark's own Parquet reader (no hand-over through
+        Python), the log's part by the log's reader; JSON archives through this source."""
+        from backlog_dagster.archive.spark import FORMAT, parquet_ranges
+        from backlog_dagster.spark.source import read_ranges
 
-        return spark.read.format(FORMAT).options(**self.spark_options())
+        hybrid = spark.read.format(FORMAT).options(**self.spark_options())
+        if start is None or self.fmt != "parquet":
+            return read_ranges(hybrid, schema, start, end)
+        end = dict(end) if end is not None else self.latest_offsets()
+        earliest = {b: v.earliest for b, v in self.log.bounds().items()}
+        archived = {
+            b: self._covering(b, s, min(end[b], earliest[b]))
+            for b, s in start.items()
+            if s < min(end[b], earliest[b])
+        }
+        log_start = {b: min(max(s, earliest[b]), end[b]) for b, s in start.items()}
+        in_log = [b for b in start if log_start[b] < end[b]]
+        frames = []
+        if archived:
+            ranges = {b: (start[b], min(end[b], earliest[b])) for b in archived}
+            frames.append(parquet_ranges(spark, self, schema, archived, ranges))
+        if in_log or not frames:
+            frames.append(
+                self.log.read_batch(
+                    spark,
+                    schema,
+                    {b: log_start[b] for b in in_log},
+                    {b: end[b] for b in in_log},
+                )
+            )
+        return frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
 
     def stream_reader(self, spark: SparkSession) -> DataStreamReader:
         from backlog_dagster.archive.spark import FORMAT
@@ -237,3 +300,18 @@ class ArchiveThenLog:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _footer_max(path: Path, column: str) -> int | None:
+    """The column's largest value (µs) over the file's row groups, from its footer."""
+    import pyarrow.parquet as pq
+
+    metadata = pq.ParquetFile(path).metadata
+    index = metadata.schema.to_arrow_schema().get_field_index(column)
+    highs = []
+    for group in range(metadata.num_row_groups):
+        statistics = metadata.row_group(group).column(index).statistics
+        if statistics is None or not statistics.has_min_max:
+            return None
+        highs.append(pa.scalar(statistics.max, TIMESTAMP).cast(pa.int64()).as_py())
+    return max(highs) if highs else None

@@ -1,21 +1,91 @@
-"""The Spark data source over an archive in front of a log, format ``archivethenlog``.
+"""How Spark reads an archive in front of a log.
 
-Its options are the log's own (for the log's data source, named by ``log.format``) plus
-``archive.path`` and ``archive.format``; the rest is the generic source's
-(``backlog_dagster.spark.source``).
+- ``parquet_ranges``: a Parquet archive's part of a batch read, by Spark's own Parquet
+  reader: each record's bucket and start offset come from its file's name, its offset
+  from its row index in the file (a file holds consecutive offsets).
+- The data source ``archivethenlog`` reads through ``ArchiveThenLog`` in Python (JSON
+  archives, and the streaming reads, which are the log's). Its options are the log's
+  own (for the log's data source, named by ``log.format``) plus ``archive.path`` and
+  ``archive.format``; the rest is the generic source's (``backlog_dagster.spark.source``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
 
 from backlog_dagster.archive.layout import Format
 from backlog_dagster.archive.source import ArchiveThenLog
+from backlog_dagster.log.schema import parse_ddl, type_name
 from backlog_dagster.source.base import Source
+from backlog_dagster.spark.records import (
+    APPENDED_COLUMN,
+    BUCKET_COLUMN,
+    OFFSET_COLUMN,
+    TIMESTAMP_COLUMN,
+)
 from backlog_dagster.spark.source import SourceDataSource
 
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+    from backlog_dagster.archive.source import _Held
+
 FORMAT = "archivethenlog"
+#: ``<topic>+<bucket>+<start offset>.parquet``
+_FILE_NAME = r"\+(\d+)\+(\d+)\.parquet$"
+
+
+def parquet_ranges(
+    spark: SparkSession,
+    archive: ArchiveThenLog,
+    schema: str | None,
+    files: Mapping[int, list[_Held]],
+    ranges: Mapping[int, tuple[int, int]],
+) -> DataFrame:
+    """Offsets ``ranges[bucket]`` from the Parquet ``files`` that hold them, in
+    ``schema`` (the DDL the generic source takes; None: the archive's columns, bucket
+    and offset)."""
+    from pyspark.sql import functions as F
+
+    output = parse_ddl(schema) if schema else _default_output(archive.schema)
+    paths = sorted({str(h.file.path) for listed in files.values() for h in listed})
+    frame = spark.read.parquet(*paths)
+    name = F.col("_metadata.file_name")
+    bucket = F.regexp_extract(name, _FILE_NAME, 1).cast("int")
+    offset = F.regexp_extract(name, _FILE_NAME, 2).cast("bigint") + F.col("_metadata.row_index")
+    wanted = [(bucket == b) & (offset >= s) & (offset < e) for b, (s, e) in ranges.items()]
+    kept = wanted[0]
+    for condition in wanted[1:]:
+        kept = kept | condition
+    stamp = archive.timestamp_column
+    timed: Column = F.col(stamp).cast("timestamp") if stamp else F.lit(None).cast("timestamp")
+    filled = {
+        BUCKET_COLUMN: bucket,
+        OFFSET_COLUMN: offset,
+        TIMESTAMP_COLUMN: timed,
+        APPENDED_COLUMN: timed,  # archived records arrived long ago: at their record time
+    }
+    columns = [
+        (filled[f.name] if f.name in filled else F.col(f"`{f.name}`"))
+        .cast(type_name(f.type))
+        .alias(f.name)
+        for f in output
+    ]
+    return frame.where(kept).select(*columns)
+
+
+def _default_output(stored: pa.Schema) -> pa.Schema:
+    return pa.schema(
+        [
+            *stored,
+            pa.field(BUCKET_COLUMN, pa.int32(), nullable=False),
+            pa.field(OFFSET_COLUMN, pa.int64(), nullable=False),
+        ]
+    )
 
 
 def options_for(

@@ -436,21 +436,31 @@ def report_metadata(report: "BacklogReport") -> dict[str, dg.MetadataValue]:
         "chunks": dg.MetadataValue.int(report.chunks),
         "duration_s": dg.MetadataValue.float(round(report.seconds, 3)),
         "records_per_s": dg.MetadataValue.float(round(report.records_per_second, 1)),
-        "buckets": bucket_table(report.buckets.values()),
+        "buckets": bucket_table(report.buckets.values(), report.read_from),
         "finished_at": dg.MetadataValue.timestamp(time.time()),
     }
 
 
-def bucket_table(buckets: object) -> dg.TableMetadataValue:
+def bucket_table(buckets: object, read_from: Mapping[int, str]) -> dg.TableMetadataValue:
+    """Per bucket: its range and which parts of the source it was read from."""
     states: list[BucketState] = list(buckets)  # type: ignore[call-overload]
     return dg.MetadataValue.table(
         records=[
             dg.TableRecord(
-                {"bucket": b.bucket, "start": b.start, "marker": b.marker, "reached": b.reached}
+                {
+                    "bucket": b.bucket,
+                    "start": b.start,
+                    "marker": b.marker,
+                    "reached": b.reached,
+                    "read_from": read_from.get(b.bucket, ""),
+                }
             )
             for b in states
         ],
         schema=dg.TableSchema(
-            columns=[dg.TableColumn(c, "int") for c in ("bucket", "start", "marker", "reached")]
+            columns=[
+                *(dg.TableColumn(c, "int") for c in ("bucket", "start", "marker", "reached")),
+                dg.TableColumn("read_from", "string"),
+            ]
         ),
     )

@@ -35,8 +35,7 @@ from backlog_dagster.source.base import (
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, Message
     from confluent_kafka.admin import AdminClient
-    from pyspark.sql import SparkSession
-    from pyspark.sql.readwriter import DataFrameReader
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamReader
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -169,6 +168,9 @@ class KafkaTopic:
 
         earliest = self._list_offsets({bucket: OffsetSpec.earliest()})[bucket]
         return KafkaBounds(earliest, self._list_offsets({bucket: OffsetSpec.latest()})[bucket])
+
+    def held_by(self, bucket: int, offset: int) -> str:
+        return "kafka"
 
     def latest_offsets(self) -> dict[int, int]:
         from confluent_kafka.admin import OffsetSpec
@@ -308,10 +310,18 @@ class KafkaTopic:
 
     # -- Spark -------------------------------------------------------------------------
 
-    def batch_reader(self, spark: SparkSession) -> DataFrameReader:
+    def read_batch(
+        self,
+        spark: SparkSession,
+        schema: str | None,
+        start: Mapping[int, int] | None = None,
+        end: Mapping[int, int] | None = None,
+    ) -> DataFrame:
         from backlog_dagster.kafka.spark import FORMAT
+        from backlog_dagster.spark.source import read_ranges
 
-        return spark.read.format(FORMAT).options(**self.settings.to_options())
+        reader = spark.read.format(FORMAT).options(**self.settings.to_options())
+        return read_ranges(reader, schema, start, end)
 
     def stream_reader(self, spark: SparkSession) -> DataStreamReader:
         from backlog_dagster.kafka.spark import FORMAT

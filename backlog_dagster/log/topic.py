@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +25,7 @@ from backlog_dagster.log.schema import TIMESTAMP, SchemaError
 from backlog_dagster.source.base import JSON_VALUE_COLUMN, Payload, SourceError, StoredRecords
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-    from pyspark.sql.readwriter import DataFrameReader
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamReader
 
 _METADATA_FILE = "topic.sqlite"
@@ -101,6 +100,9 @@ class Topic:
     def latest_offsets(self) -> dict[int, int]:
         return {b: bounds.latest for b, bounds in self.bounds().items()}
 
+    def held_by(self, bucket: int, offset: int) -> str:
+        return "log"
+
     def describe(self) -> list[BucketInfo]:
         return [
             BucketInfo(b, self.bucket(b).bounds(), self.bucket(b).size_bytes())
@@ -174,10 +176,18 @@ class Topic:
                 )
         return new_ids
 
-    def batch_reader(self, spark: SparkSession) -> DataFrameReader:
-        from backlog_dagster.spark.source import FORMAT
+    def read_batch(
+        self,
+        spark: SparkSession,
+        schema: str | None,
+        start: Mapping[int, int] | None = None,
+        end: Mapping[int, int] | None = None,
+    ) -> DataFrame:
+        from backlog_dagster.spark.source import FORMAT, read_ranges
 
-        return spark.read.format(FORMAT).option("path", str(self.path))
+        return read_ranges(
+            spark.read.format(FORMAT).option("path", str(self.path)), schema, start, end
+        )
 
     def stream_reader(self, spark: SparkSession) -> DataStreamReader:
         from backlog_dagster.spark.source import FORMAT

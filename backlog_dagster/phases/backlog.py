@@ -26,7 +26,6 @@ then stops at its next commit and the realtime phase continues from there.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -50,8 +49,7 @@ from backlog_dagster.spark.session import runs_elsewhere
 from backlog_dagster.spark.source import share_read_limit
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.readwriter import DataFrameReader
+    from pyspark.sql import SparkSession
 
 #: Rate assumed for sizing the first chunk, before one has been measured (records/s).
 FIRST_CHUNK_RATE = 1_000_000
@@ -72,6 +70,8 @@ class BacklogReport:
     #: The best rate a chunk ran at (records/s), which sizes the next chunks.
     best_chunk_rate: float = 0.0
     buckets: dict[int, BucketState] = field(default_factory=dict)
+    #: Per bucket, the parts of the source its backlog was read from ("archive, log").
+    read_from: dict[int, str] = field(default_factory=dict)
 
     @property
     def records_per_second(self) -> float:
@@ -125,7 +125,8 @@ def _run_backlog(
             topic.check_reachable(spark)
         generation = current_generation(sink, topic, config, log)
         generation, skipped = _past_removed(sink, topic, config, generation, log)
-    report = BacklogReport(generation.number, skipped_records=skipped)
+        read_from = _parts(topic, generation)
+    report = BacklogReport(generation.number, skipped_records=skipped, read_from=read_from)
     while True:
         generation = _read_to_markers(spark, config, sink, generation, interval, report, log)
         with open_source(config) as topic:
@@ -200,16 +201,28 @@ def _read_to_markers(
         report.chunks += 1
         generation = _reached(generation, end)
         left = _left(generation)
-        log(_progress_line(generation, chunk_records, chunk_seconds))
         if aggregated.dead_letters.num_rows:
             log(
                 f"backlog: {aggregated.dead_letters.num_rows:,} bad record(s) in this chunk "
                 f"went to {config.sink.table}_dead_letters"
             )
         with open_source(config) as topic:
+            log(_progress_line(generation, chunk_records, chunk_seconds, topic))
             generation, skipped = _past_removed(sink, topic, config, generation, log)
         report.skipped_records += skipped
     return generation
+
+
+def _parts(topic: Source, generation: Generation) -> dict[int, str]:
+    """Per bucket, the parts of the source that hold its backlog, first to last."""
+    parts = {}
+    for b in generation.buckets.values():
+        if b.reached >= b.marker:
+            parts[b.bucket] = ""
+            continue
+        first, last = topic.held_by(b.bucket, b.reached), topic.held_by(b.bucket, b.marker - 1)
+        parts[b.bucket] = first if first == last else f"{first}, {last}"
+    return parts
 
 
 def _left(generation: Generation) -> int:
@@ -239,7 +252,7 @@ def _aggregate(
     of the aggregation's time, measured: about half again).
     """
     with open_source(config) as topic:
-        records = _read(topic.batch_reader(spark), read_schema(config, topic), start, end)
+        records = topic.read_batch(spark, read_schema(config, topic), start, end)
         by_log = topic.timestamp_column == config.source.event_time
         if by_log:
             event_times = {b: topic.max_record_time(b, start[b], end[b]) for b in start}
@@ -248,22 +261,6 @@ def _aggregate(
     observed, seen = observe_buckets(records, config, sorted(start))
     aggregated = collect(partial_results(observed, config))
     return aggregated, {b: s.event_time_us for b, s in (seen() or {}).items()}
-
-
-def _read(
-    reader: DataFrameReader,
-    schema: str | None,
-    start: dict[int, int],
-    end: dict[int, int],
-) -> DataFrame:
-    reader = (
-        reader.option("buckets", ",".join(str(b) for b in sorted(start)))
-        .option("startingOffsets", json.dumps({str(b): o for b, o in start.items()}))
-        .option("endingOffsets", json.dumps({str(b): o for b, o in end.items()}))
-    )
-    if schema:
-        reader = reader.schema(schema)
-    return reader.load()
 
 
 def _reached(generation: Generation, end: dict[int, int]) -> Generation:
@@ -276,11 +273,13 @@ def _reached(generation: Generation, end: dict[int, int]) -> Generation:
     )
 
 
-def _progress_line(generation: Generation, records: int, seconds: float) -> str:
+def _progress_line(generation: Generation, records: int, seconds: float, topic: Source) -> str:
+    """The line a chunk logs; an unfinished bucket says which part of the source it is in."""
     total = sum(b.marker - b.start for b in generation.buckets.values())
     done = sum(b.reached - b.start for b in generation.buckets.values())
     per_bucket = "  ".join(
         f"{b.bucket}:{_percent(b.reached - b.start, b.marker - b.start)}"
+        + (f" {topic.held_by(b.bucket, b.reached)}" if b.reached < b.marker else "")
         for b in generation.buckets.values()
     )
     return (

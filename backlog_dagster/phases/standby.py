@@ -37,8 +37,7 @@ def warm_up(spark: SparkSession, config: PipelineConfig) -> None:
     with open_source(config) as topic:
         check_against_source(config, topic)
         schema = read_schema(config, topic)
-        reader = topic.batch_reader(spark)
-    records = (reader if schema is None else reader.schema(schema)).load()
+        records = topic.read_batch(spark, schema)
     _ = partial_results(records, config).schema  # Spark analyses the plan here
     records.limit(1).collect()
 

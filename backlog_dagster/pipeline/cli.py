@@ -106,18 +106,19 @@ def status(defs_yaml: Path) -> None:
         title=f"{config.name}: {history[-1].phase}, generation {generation.number} "
         f"({generation.reason})"
     )
-    for column in ("bucket", "start", "marker", "reached", "finished"):
+    for column in ("bucket", "start", "marker", "reached", "finished", "reading from"):
         table.add_column(column, justify="right")
-    for b in generation.buckets.values():
-        table.add_row(
-            str(b.bucket),
-            f"{b.start:,}",
-            f"{b.marker:,}",
-            f"{b.reached:,}",
-            "yes" if b.finished else "no",
-        )
-    Console().print(table)
     with open_source(config) as topic:
+        for b in generation.buckets.values():
+            table.add_row(
+                str(b.bucket),
+                f"{b.start:,}",
+                f"{b.marker:,}",
+                f"{b.reached:,}",
+                "yes" if b.finished else "no",
+                topic.held_by(b.bucket, b.reached) if b.reached < b.marker else "",
+            )
+        Console().print(table)
         lag = watermark_lag(generation, topic, config, time.time())
     threshold = config.backlog.watermark_lag_threshold
     console.print(

@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING, Protocol, Self
 import pyarrow as pa
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-    from pyspark.sql.readwriter import DataFrameReader
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamReader
 
 
@@ -104,6 +103,10 @@ class Source(Protocol):
 
     def latest_offsets(self) -> dict[int, int]: ...
 
+    def held_by(self, bucket: int, offset: int) -> str:
+        """Which part of the source holds ``offset``, as the UI says it: ``log``,
+        ``kafka``, ``archive`` (a source in front of another has more than one part)."""
+
     def offset_for_time(self, bucket: int, timestamp_us: int) -> int:
         """The first offset whose record time is at or after ``timestamp_us``."""
 
@@ -126,9 +129,16 @@ class Source(Protocol):
         """The bucket's records from position ``start`` until position ``end``, in order.
         An error naming the bucket and offsets if part of the range is not held."""
 
-    def batch_reader(self, spark: SparkSession) -> DataFrameReader:
-        """A Spark batch reader over the source; the caller adds ``buckets``,
-        ``startingOffsets`` and ``endingOffsets`` (JSON ``{"bucket": offset}``)."""
+    def read_batch(
+        self,
+        spark: SparkSession,
+        schema: str | None,
+        start: Mapping[int, int] | None = None,
+        end: Mapping[int, int] | None = None,
+    ) -> DataFrame:
+        """Records ``[start, end)`` of each bucket in ``start`` as a Spark DataFrame, in
+        ``schema`` (DDL with the ``_bucket`` and ``_offset`` columns; None: the source's
+        own columns and those two). Without ranges: every bucket, earliest to latest."""
 
     def stream_reader(self, spark: SparkSession) -> DataStreamReader:
         """A Spark stream reader over the source; the caller adds ``startingOffsets``

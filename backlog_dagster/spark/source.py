@@ -67,6 +67,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     import pyarrow as pa
+    from pyspark.sql import DataFrame
+    from pyspark.sql.readwriter import DataFrameReader
 
 FORMAT = SPARK_FORMAT
 DEFAULT_MAX_RECORDS_PER_PARTITION = 2_000_000
@@ -295,6 +297,24 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with self.plan.source() as topic:
             earliest = {str(b): v.earliest for b, v in topic.bounds().items()}
         return _sorted({**{key: earliest[key] for key in missing}, **start})
+
+
+def read_ranges(
+    reader: DataFrameReader,
+    schema: str | None,
+    start: Mapping[int, int] | None = None,
+    end: Mapping[int, int] | None = None,
+) -> DataFrame:
+    """Load a reader of one of these data sources over ``[start, end)`` per bucket."""
+    if start is not None:
+        reader = reader.option("buckets", ",".join(str(b) for b in sorted(start))).option(
+            "startingOffsets", json.dumps({str(b): o for b, o in start.items()})
+        )
+    if end is not None:
+        reader = reader.option("endingOffsets", json.dumps({str(b): o for b, o in end.items()}))
+    if schema:
+        reader = reader.schema(schema)
+    return reader.load()
 
 
 def share_read_limit(backlog: Mapping[str, int], limit: int) -> Offsets:
