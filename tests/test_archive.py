@@ -22,6 +22,7 @@ from backlog_dagster.log import Topic
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.markers import current_generation
 from backlog_dagster.phases.transform import read_schema
+from backlog_dagster.phases.truncation import LogTruncated
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import open_sink
 from backlog_dagster.source import open_source
@@ -173,8 +174,46 @@ def test_offsets_neither_archive_nor_log_hold_are_named(
     assert end is not None
     topic.bucket(0).truncate_before(end + 500)  # retention took more than was archived
     config = archived_pipeline(tmp_path, folder)
-    with open_sink(config) as sink, pytest.raises(Exception, match=rf"offsets from {end} "):
+    with (
+        open_sink(config) as sink,
+        pytest.raises(LogTruncated, match=rf"bucket 0 offsets \[{end}, {end + 500}\)"),
+    ):
         run_backlog(spark, config, sink, log=print)
+
+
+def test_a_hole_between_archive_files_stops_the_run_or_is_skipped_and_counted(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """A file lost from the middle of the archive: the backlog commits up to the hole,
+    then stops naming it (on_truncation: fail) or goes past it, recording the skip."""
+    topic = make_topic(records=12_000, buckets=2)
+    hole = (2_000, 3_000)  # bucket 0's third file
+    latest = topic.latest_offsets()
+    kept = pd.concat(
+        [
+            records_up_to(topic, {0: hole[0]}),
+            records_up_to(topic, {0: latest[0]}, {0: hole[1]}),
+            records_up_to(topic, {1: latest[1]}),
+        ],
+        ignore_index=True,
+    )
+    folder = tmp_path / "archive"
+    archive(topic.path, folder, END_S - 30, "--records-per-file", "1000", "--truncate")
+    lost = files(folder, "orders")[0][2]
+    assert (lost.start, lost.start + records_in(lost)) == hole
+    lost.path.unlink()
+    config = archived_pipeline(tmp_path, folder)
+    named = rf"bucket 0 offsets \[{hole[0]}, {hole[1]}\)"
+    with open_sink(config) as sink, pytest.raises(LogTruncated, match=named):
+        run_backlog(spark, config, sink, log=print)
+    skipping = config.model_copy(
+        update={"source": config.source.model_copy(update={"on_truncation": "skip"})}
+    )
+    with open_sink(skipping) as sink:
+        report = run_backlog(spark, skipping, sink, log=print)
+        assert sink.skipped_records() == report.skipped_records == hole[1] - hole[0]
+        results = sink.read_results().to_pandas()
+    assert_same(results, customer_totals_oracle(kept), ["customer_id"])
 
 
 def test_a_parquet_archive_is_read_by_sparks_own_reader_at_the_same_offsets(

@@ -99,6 +99,22 @@ class ArchiveThenLog:
     def latest_offsets(self) -> dict[int, int]:
         return self.log.latest_offsets()
 
+    def held_from(self, bucket: int, offset: int) -> tuple[int, int | None]:
+        """The archive's files, then the log: a stretch ends where the next file does not
+        begin at its end (a hole), and runs on when it reaches into the log."""
+        earliest = self.log.bounds()[bucket].earliest
+        stretch: tuple[int, int] | None = None
+        for held in self.held().get(bucket, []):
+            if held.end <= offset or held.file.start >= earliest:
+                continue
+            if stretch is not None and held.file.start > stretch[1]:
+                break
+            first = max(offset, held.file.start)
+            stretch = (first, held.end) if stretch is None else (stretch[0], held.end)
+        if stretch is None:
+            return max(offset, earliest), None
+        return (stretch[0], None) if stretch[1] >= earliest else stretch
+
     def held_by(self, bucket: int, offset: int) -> str:
         if offset < self.log.bounds()[bucket].earliest:
             return "archive"

@@ -169,6 +169,9 @@ class KafkaTopic:
         earliest = self._list_offsets({bucket: OffsetSpec.earliest()})[bucket]
         return KafkaBounds(earliest, self._list_offsets({bucket: OffsetSpec.latest()})[bucket])
 
+    def held_from(self, bucket: int, offset: int) -> tuple[int, int | None]:
+        return max(offset, self.bounds()[bucket].earliest), None
+
     def held_by(self, bucket: int, offset: int) -> str:
         return "kafka"
 

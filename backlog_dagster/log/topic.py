@@ -100,6 +100,9 @@ class Topic:
     def latest_offsets(self) -> dict[int, int]:
         return {b: bounds.latest for b, bounds in self.bounds().items()}
 
+    def held_from(self, bucket: int, offset: int) -> tuple[int, int | None]:
+        return max(offset, self.bounds()[bucket].earliest), None
+
     def held_by(self, bucket: int, offset: int) -> str:
         return "log"
 

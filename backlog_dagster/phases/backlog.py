@@ -168,7 +168,7 @@ def _read_to_markers(
         grant = share_read_limit(
             {str(b): max(0, s.marker - s.reached) for b, s in generation.buckets.items()}, budget
         )
-        end = {b: start[b] + grant[str(b)] for b in start}
+        end = _within_held(config, start, {b: start[b] + grant[str(b)] for b in start})
         chunk_started = time.monotonic()
         try:
             aggregated, event_times = _aggregate(spark, config, start, end)
@@ -211,6 +211,20 @@ def _read_to_markers(
             generation, skipped = _past_removed(sink, topic, config, generation, log)
         report.skipped_records += skipped
     return generation
+
+
+def _within_held(
+    config: PipelineConfig, start: dict[int, int], end: dict[int, int]
+) -> dict[int, int]:
+    """``end``, cut where a bucket's stretch of held records ends first (a hole between
+    archive files): the chunk commits up to the hole, and the next one deals with it."""
+    with open_source(config) as topic:
+        cut = dict(end)
+        for bucket, low in start.items():
+            first, stretch_end = topic.held_from(bucket, low)
+            if first == low and stretch_end is not None:
+                cut[bucket] = min(end[bucket], stretch_end)
+        return cut
 
 
 def _parts(topic: Source, generation: Generation) -> dict[int, str]:

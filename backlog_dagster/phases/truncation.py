@@ -22,13 +22,16 @@ class LogTruncated(RuntimeError):
 
 
 def removed_unread(generation: Generation, topic: Source) -> dict[int, tuple[int, int]]:
-    """``{bucket: (reached, earliest)}`` where the log no longer holds the next record."""
+    """``{bucket: (reached, next held)}`` where the source no longer holds the next record
+    (below the log's earliest offset, or a hole between an archive and the log)."""
     bounds = topic.bounds()
-    return {
-        bucket: (state.reached, bounds[bucket].earliest)
-        for bucket, state in generation.buckets.items()
-        if bucket in bounds and state.reached < bounds[bucket].earliest
-    }
+    gaps = {}
+    for bucket, state in generation.buckets.items():
+        if bucket in bounds:
+            first, _ = topic.held_from(bucket, state.reached)
+            if first > state.reached:
+                gaps[bucket] = (state.reached, first)
+    return gaps
 
 
 def handle_truncation(

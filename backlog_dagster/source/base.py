@@ -103,6 +103,11 @@ class Source(Protocol):
 
     def latest_offsets(self) -> dict[int, int]: ...
 
+    def held_from(self, bucket: int, offset: int) -> tuple[int, int | None]:
+        """The first stretch of offsets the source holds at or after ``offset``: where it
+        starts (``offset`` itself unless retention removed it) and where it ends (None:
+        it runs on to the bucket's end). A source with one part has one stretch."""
+
     def held_by(self, bucket: int, offset: int) -> str:
         """Which part of the source holds ``offset``, as the UI says it: ``log``,
         ``kafka``, ``archive`` (a source in front of another has more than one part)."""
