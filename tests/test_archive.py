@@ -35,7 +35,7 @@ from tests.pipelines import (
     pipeline,
     records_up_to,
 )
-from tests.test_backlog import wait_for
+from tests.test_backlog import kill_and_rerun_backlog, wait_for
 from tests.test_realtime import RealtimeThread, reached
 
 #: append_orders stamps its records within the 100 s before this moment.
@@ -216,6 +216,26 @@ def test_a_hole_between_archive_files_stops_the_run_or_is_skipped_and_counted(
     assert_same(results, customer_totals_oracle(kept), ["customer_id"])
 
 
+def test_a_backlog_killed_while_it_reads_the_archive_recovers_exactly(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """Chunks of 0.1 s over an archive that holds nine tenths of the records: killed
+    inside a chunk after one committed (in the archive: the first chunks are there),
+    the next run goes on from the sink's progress and the results equal the oracle."""
+    topic = make_topic(records=200_000, buckets=4)
+    folder = tmp_path / "archive"
+    archive(topic.path, folder, END_S - 10, "--truncate")
+    config = archived_pipeline(tmp_path, folder)
+    config = config.model_copy(
+        update={"backlog": config.backlog.model_copy(update={"checkpoint_interval": 0.1})}
+    )
+    markers = kill_and_rerun_backlog(config, topic, tmp_path)
+    with open_sink(config) as sink:
+        results = sink.read_results().to_pandas()
+    up_to_markers = records_with_archive(folder, topic, "parquet", markers)
+    assert_same(results, customer_totals_oracle(up_to_markers), ["customer_id"])
+
+
 def test_a_parquet_archive_is_read_by_sparks_own_reader_at_the_same_offsets(
     spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
@@ -251,10 +271,14 @@ def test_a_parquet_archive_is_read_by_sparks_own_reader_at_the_same_offsets(
             assert whole == max(expected_max) and part is not None and part <= whole
 
 
-def records_with_archive(folder: Path, topic: Topic, fmt: str) -> pd.DataFrame:
-    """Every record: the archive's below the log's earliest offset, then the log's."""
+def records_with_archive(
+    folder: Path, topic: Topic, fmt: str, up_to: dict[int, int] | None = None
+) -> pd.DataFrame:
+    """Every record (up to offsets ``up_to``): the archive's below the log's earliest
+    offset, then the log's."""
     frames = []
     for bucket, bounds in topic.bounds().items():
+        end = (up_to or {}).get(bucket, bounds.latest)
         for held in files(folder, "orders").get(bucket, []):
             table = (
                 pq.read_table(held.path)
@@ -262,7 +286,8 @@ def records_with_archive(folder: Path, topic: Topic, fmt: str) -> pd.DataFrame:
                 else pd.read_json(held.path, lines=True)
             )
             frame = table.to_pandas() if isinstance(table, pa.Table) else table
-            keep = bounds.earliest - held.start
+            keep = min(bounds.earliest, end) - held.start
             frames.append(frame.iloc[: max(0, keep)])
-        frames.append(records_up_to(topic, {bucket: bounds.latest}, {bucket: bounds.earliest}))
+        if end > bounds.earliest:
+            frames.append(records_up_to(topic, {bucket: end}, {bucket: bounds.earliest}))
     return pd.concat(frames, ignore_index=True)
