@@ -9,6 +9,7 @@ offset on; a file appears under its final name only once it is whole.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,12 +57,22 @@ def files(root: Path, topic: str) -> dict[int, list[ArchiveFile]]:
 
 
 def records_in(archived: ArchiveFile) -> int:
-    """How many records the file holds (Parquet: from its footer; JSON: its lines)."""
-    if archived.format == "parquet":
+    """How many records the file holds (Parquet: from its footer; JSON: its lines).
+
+    Remembered per file version: a backlog asks for every file's count at each chunk,
+    and a whole file does not change (its name, size and time would).
+    """
+    stat = archived.path.stat()
+    return _count(str(archived.path), archived.format, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=65_536)
+def _count(path: str, fmt: Format, mtime_ns: int, size: int) -> int:
+    if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        return int(pq.ParquetFile(archived.path).metadata.num_rows)
-    with archived.path.open("rb") as handle:
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    with open(path, "rb") as handle:
         return sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 20), b""))
 
 

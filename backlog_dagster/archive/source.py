@@ -260,7 +260,7 @@ class ArchiveThenLog:
     ) -> DataFrame:
         """Parquet archives are read by Spark's own Parquet reader (no hand-over through
         Python), the log's part by the log's reader; JSON archives through this source."""
-        from backlog_dagster.archive.spark import FORMAT, parquet_ranges
+        from backlog_dagster.archive.spark import FORMAT, MAX_FILES_PER_READ, parquet_ranges
         from backlog_dagster.spark.source import read_ranges
 
         hybrid = spark.read.format(FORMAT).options(**self.spark_options())
@@ -273,6 +273,8 @@ class ArchiveThenLog:
             for b, s in start.items()
             if s < min(end[b], earliest[b])
         }
+        if sum(len(held) for held in archived.values()) > MAX_FILES_PER_READ:
+            return read_ranges(hybrid, schema, start, end)
         log_start = {b: min(max(s, earliest[b]), end[b]) for b, s in start.items()}
         in_log = [b for b in start if log_start[b] < end[b]]
         frames = []
