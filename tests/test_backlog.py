@@ -9,10 +9,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import dagster as dg
 import pytest
 from pyspark.sql import SparkSession
 
+from backlog_dagster.components.pipeline import backlog_asset
 from backlog_dagster.log import Topic
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.markers import DefinitionChanged, current_generation, reset
@@ -240,3 +243,54 @@ def kill_and_rerun_backlog(config: PipelineConfig, topic: Topic, tmp_path: Path)
     read = int(output.split(" records read")[0].split()[-1].replace(",", ""))
     assert read == sum(markers.values()) - sum(reached.values())
     return markers
+
+
+@pytest.mark.parametrize(
+    ("run_config", "expected", "chunks"),
+    [
+        ({}, {"spark.sql.adaptive.enabled": "true", "spark.sql.shuffle.partitions": "1"}, 1),
+        (
+            {
+                "adaptive_query_execution": False,
+                "shuffle_partitions": "7",
+                "checkpoint_interval": 0.001,
+                "spark_conf": {"spark.sql.ansi.enabled": "false"},
+            },
+            {
+                "spark.sql.adaptive.enabled": "false",
+                "spark.sql.adaptive.coalescePartitions.enabled": "false",
+                "spark.sql.shuffle.partitions": "7",
+                "spark.sql.ansi.enabled": "false",
+            },
+            3,
+        ),
+        (
+            {"spark_conf": {"spark.sql.shuffle.partitions": "3"}},
+            {"spark.sql.shuffle.partitions": "3"},
+            1,
+        ),
+    ],
+    ids=["defaults", "every_field", "spark_conf_over_the_backlogs_own"],
+)
+def test_each_backlog_run_config_field_is_the_setting_the_run_used(
+    spark: SparkSession,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    run_config: dict[str, Any],
+    expected: dict[str, str],
+    chunks: int,
+) -> None:
+    """What the run config asks for is what the batch plan ran with: in the settings the
+    materialization reports, in the session after the run, and in the chunks made."""
+    make_topic(records=30_000, buckets=2)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    result = dg.materialize(
+        [backlog_asset(config)],
+        run_config={"ops": {"customer_totals_backlog": {"config": run_config}}},
+    )
+    (materialization,) = result.asset_materializations_for_node("customer_totals_backlog")
+    used = materialization.metadata["spark_settings"].value
+    assert expected.items() <= used.items()  # type: ignore[union-attr]
+    for key, value in expected.items():
+        assert spark.conf.get(key) == value
+    assert materialization.metadata["chunks"].value == chunks

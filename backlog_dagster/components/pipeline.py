@@ -27,7 +27,7 @@ import dagster as dg
 from pydantic import BaseModel, Field
 
 from backlog_dagster.components.scaffold import BacklogPipelineScaffolder
-from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.pipeline.config import BacklogConfig, PipelineConfig
 from backlog_dagster.sink import BucketState, open_sink
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class BacklogRunConfig(dg.Config):
     checkpoint_interval: float | None = None
     shuffle_partitions: str | None = None
     """``auto`` or a number."""
-    adaptive_query_execution: bool = True
+    adaptive_query_execution: bool | None = None
     spark_conf: dict[str, str] = Field(default_factory=dict)
     """Spark settings of this run, over the pipeline's ``backlog.spark_conf``."""
 
@@ -265,19 +265,7 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
             heartbeat(pipeline, context.run.run_id),
             pipeline_spark(pipeline, "backlog", config.spark_conf) as spark,
         ):
-            settings = pipeline.backlog
-            if config.shuffle_partitions is not None:
-                partitions = config.shuffle_partitions
-                settings = settings.model_copy(
-                    update={
-                        "shuffle_partitions": partitions
-                        if partitions == "auto"
-                        else int(partitions)
-                    }
-                )
-            spark.conf.set(
-                "spark.sql.adaptive.enabled", str(config.adaptive_query_execution).lower()
-            )
+            settings = backlog_settings(pipeline.backlog, config)
             with open_sink(pipeline) as sink:
                 report = run_backlog(
                     spark,
@@ -295,6 +283,17 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
         return dg.MaterializeResult(metadata=metadata)
 
     return backlog
+
+
+def backlog_settings(backlog: BacklogConfig, run: BacklogRunConfig) -> BacklogConfig:
+    """The pipeline's backlog settings with the run's config over them."""
+    update: dict[str, object] = {"spark_conf": {**backlog.spark_conf, **run.spark_conf}}
+    if run.shuffle_partitions is not None:
+        partitions = run.shuffle_partitions
+        update["shuffle_partitions"] = partitions if partitions == "auto" else int(partitions)
+    if run.adaptive_query_execution is not None:
+        update["adaptive_query_execution"] = run.adaptive_query_execution
+    return backlog.model_copy(update=update)
 
 
 @contextmanager

@@ -69,7 +69,7 @@ def backlog_run_config(config: PipelineConfig) -> dict[str, Any]:
                 "config": {
                     "checkpoint_interval": backlog.checkpoint_interval,
                     "shuffle_partitions": str(backlog.shuffle_partitions),
-                    "adaptive_query_execution": True,
+                    "adaptive_query_execution": backlog.adaptive_query_execution,
                     "spark_conf": dict(backlog.spark_conf),
                 }
             }

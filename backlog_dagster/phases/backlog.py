@@ -72,6 +72,9 @@ class BacklogReport:
     buckets: dict[int, BucketState] = field(default_factory=dict)
     #: Per bucket, the parts of the source its backlog was read from ("archive, log").
     read_from: dict[int, str] = field(default_factory=dict)
+    #: The Spark settings the batch plan ran with: the phase's spark_conf and those the
+    #: backlog sets itself (the last round's).
+    spark_settings: dict[str, str] = field(default_factory=dict)
 
     @property
     def records_per_second(self) -> float:
@@ -79,17 +82,21 @@ class BacklogReport:
 
 
 def batch_settings(config: PipelineConfig, records: int) -> dict[str, str]:
-    """The backlog's Spark settings: AQE on, shuffle partitions sized to the data."""
+    """The backlog's Spark settings: adaptive query execution as configured (on unless
+    turned off), shuffle partitions sized to the data unless set. A key the phase's
+    ``spark_conf`` sets itself is left to it."""
     backlog = config.backlog
     if backlog.shuffle_partitions == "auto":
         partitions = max(1, min(200, math.ceil(records / backlog.records_per_shuffle_partition)))
     else:
         partitions = backlog.shuffle_partitions
-    return {
-        "spark.sql.adaptive.enabled": "true",
-        "spark.sql.adaptive.coalescePartitions.enabled": "true",
+    adaptive = str(backlog.adaptive_query_execution).lower()
+    settings = {
+        "spark.sql.adaptive.enabled": adaptive,
+        "spark.sql.adaptive.coalescePartitions.enabled": adaptive,
         "spark.sql.shuffle.partitions": str(partitions),
     }
+    return {key: value for key, value in settings.items() if key not in backlog.spark_conf}
 
 
 def run_backlog(
@@ -151,8 +158,11 @@ def _read_to_markers(
 ) -> Generation:
     """Read, aggregate and commit chunk by chunk up to the markers; the generation after."""
     left = _left(generation)
-    for key, value in batch_settings(config, left).items():
+    settings = batch_settings(config, left)
+    for key, value in settings.items():
         spark.conf.set(key, value)
+    report.spark_settings = {**config.backlog.spark_conf, **settings}
+    log("backlog: Spark settings " + ", ".join(f"{k}={v}" for k, v in settings.items()))
     if left:
         log(
             f"backlog: {left:,} records to read up to the markers, "

@@ -477,6 +477,11 @@ class BacklogConfig(Frozen):
     records_per_shuffle_partition: int = Field(
         2_000_000, gt=0, description="With auto: about this many input records per partition."
     )
+    adaptive_query_execution: bool = Field(
+        True,
+        description="Spark's adaptive query execution (and its coalescing of shuffle "
+        "partitions) in the batch plan.",
+    )
     spark_conf: SparkConf = Field(default_factory=dict, description=_SPARK_CONF_HELP)
 
 
