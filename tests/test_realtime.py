@@ -7,10 +7,12 @@ import threading
 import time
 from pathlib import Path
 
+import dagster as dg
 import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
+from backlog_dagster.components.pipeline import realtime_asset
 from backlog_dagster.log import Topic
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.markers import continue_backlog, current_generation
@@ -215,3 +217,16 @@ def test_a_standby_run_switches_the_moment_the_backlog_lets_go(
             continue_backlog(sink, log, config, "test", None, print)
     standby(generation.number)
     assert switched == [True, False]
+    # As Dagster runs it, such a standby ends unused: it materializes nothing.
+    result = dg.materialize(
+        [realtime_asset(config)],
+        run_config={
+            "ops": {
+                "customer_totals_realtime": {
+                    "config": {"standby_for_generation": generation.number}
+                }
+            }
+        },
+    )
+    assert result.success
+    assert result.asset_materializations_for_node("customer_totals_realtime") == []

@@ -330,8 +330,13 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
         deps=[f"{pipeline.name}_backlog"],
         description=f"Realtime phase of {pipeline.name}: a long-running Structured Streaming "
         "query from the markers on, merged into the backlog's results. Runs until cancelled.",
+        # A standby whose generation is replaced before the switch has done nothing: it
+        # ends without a materialization (nor the checks that would follow one).
+        output_required=False,
     )
-    def realtime(context: dg.AssetExecutionContext, config: RealtimeRunConfig) -> None:
+    def realtime(
+        context: dg.AssetExecutionContext, config: RealtimeRunConfig
+    ) -> Iterator[dg.MaterializeResult]:
         import shutil
 
         from backlog_dagster.phases.realtime import run_realtime
@@ -357,6 +362,10 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
                         should_stop=lambda: False,
                         log=context.log.info,
                     ):
+                        context.log.info(
+                            f"standby: generation {config.standby_for_generation} was "
+                            "replaced before the switch; ending unused, nothing materialized"
+                        )
                         return
 
                 def report(status: "RealtimeStatus") -> None:
@@ -377,6 +386,7 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
                     checkpoint_interval=config.checkpoint_interval,
                     shuffle_partitions=config.shuffle_partitions,
                 )
+            yield dg.MaterializeResult()
         finally:
             shutil.rmtree(checkpoint, ignore_errors=True)
 
@@ -436,6 +446,7 @@ def report_metadata(report: "BacklogReport") -> dict[str, dg.MetadataValue]:
         "duration_s": dg.MetadataValue.float(round(report.seconds, 3)),
         "records_per_s": dg.MetadataValue.float(round(report.records_per_second, 1)),
         "buckets": bucket_table(report.buckets.values(), report.read_from),
+        "spark_settings": dg.MetadataValue.json(report.spark_settings),
         "finished_at": dg.MetadataValue.timestamp(time.time()),
     }
 
