@@ -151,3 +151,25 @@ def test_way_backs_older_than_an_hour_do_not_count() -> None:
     ]
     assert way_backs(history, 400.0) == 2 and flapping(history, 400.0)
     assert way_backs(history, 3_750.0) == 1 and not flapping(history, 3_750.0)
+
+
+def test_a_spark_conf_key_wins_over_the_phases_own_settings(tmp_path: Path) -> None:
+    """backlog and realtime set shuffle partitions and adaptive execution themselves,
+    except where the phase's spark_conf (the YAML's, with the run's over it) sets them."""
+    from backlog_dagster.phases.backlog import batch_settings
+    from backlog_dagster.phases.realtime import streaming_settings
+
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    assert batch_settings(config, 5_000_000)["spark.sql.shuffle.partitions"] == "3"
+    assert streaming_settings(config, None) == {
+        "spark.sql.shuffle.partitions": "4",
+        "spark.sql.adaptive.enabled": "false",
+    }
+    conf = {"spark.sql.shuffle.partitions": "9", "spark.sql.adaptive.enabled": "true"}
+    config = pipeline(
+        tmp_path, CUSTOMER_TOTALS, backlog={"spark_conf": conf}, realtime={"spark_conf": conf}
+    )
+    assert batch_settings(config, 5_000_000) == {
+        "spark.sql.adaptive.coalescePartitions.enabled": "true"
+    }
+    assert streaming_settings(config, 2) == {}

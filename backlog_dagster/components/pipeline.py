@@ -373,9 +373,17 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
                         dg.AssetObservation(asset_key=key, metadata=status_metadata(status))
                     )
 
+                # The run's spark_conf over the YAML's, so that the phase leaves its keys alone.
+                spark_conf = {**pipeline.realtime.spark_conf, **config.spark_conf}
                 run_realtime(
                     spark,
-                    pipeline,
+                    pipeline.model_copy(
+                        update={
+                            "realtime": pipeline.realtime.model_copy(
+                                update={"spark_conf": spark_conf}
+                            )
+                        }
+                    ),
                     sink,
                     status_sink,
                     checkpoint_dir=checkpoint,

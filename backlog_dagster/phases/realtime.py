@@ -85,9 +85,14 @@ class RealtimeStatus:
 
 
 def streaming_settings(config: PipelineConfig, shuffle_partitions: int | None) -> dict[str, str]:
-    """A small fixed shuffle partition count, no adaptive re-planning per micro-batch."""
+    """A small fixed shuffle partition count, no adaptive re-planning per micro-batch; a
+    key the phase's ``spark_conf`` sets itself is left to it."""
     partitions = shuffle_partitions or config.realtime.shuffle_partitions
-    return {"spark.sql.shuffle.partitions": str(partitions), "spark.sql.adaptive.enabled": "false"}
+    settings = {
+        "spark.sql.shuffle.partitions": str(partitions),
+        "spark.sql.adaptive.enabled": "false",
+    }
+    return {key: value for key, value in settings.items() if key not in config.realtime.spark_conf}
 
 
 def run_realtime(
@@ -163,8 +168,10 @@ def _run_realtime(
             f"pipeline {config.name}: the backlog has not reached the markers yet "
             f"(records left per bucket: {left}); run the backlog first"
         )
-    for key, value in streaming_settings(config, shuffle_partitions).items():
+    settings = streaming_settings(config, shuffle_partitions)
+    for key, value in settings.items():
         spark.conf.set(key, value)
+    log("realtime: Spark settings " + ", ".join(f"{k}={v}" for k, v in settings.items()))
     interval = checkpoint_interval or config.realtime.checkpoint_interval
     status = RealtimeStatus()
     counts = _Counts.now(status_sink)
