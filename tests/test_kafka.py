@@ -8,6 +8,7 @@ partitions to a topic.
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
@@ -17,12 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
+from backlog_dagster.archive.layout import file_path
 from backlog_dagster.kafka.mock_broker import MockBroker, mock_broker
 from backlog_dagster.kafka.topic import KafkaSettings, KafkaTopic
 from backlog_dagster.kafka.workload import ORDERS_RECORD_SCHEMA, KafkaOrders
+from backlog_dagster.log.schema import parse_ddl
 from backlog_dagster.log.workload import produce_backlog
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.markers import current_generation
@@ -213,6 +218,58 @@ def test_backlog_then_realtime_on_kafka_equal_the_oracle(
     assert_same(results, oracle, ["customer_id"])
 
 
+def test_an_archive_in_kafka_connects_layout_then_the_topic_equal_the_oracle(
+    spark: SparkSession, broker: MockBroker, tmp_path: Path
+) -> None:
+    """FLIP-309's first example: the older half of each partition only in Parquet files as
+    Kafka Connect's S3 sink writes them (ParquetFormat: the record's fields as columns),
+    retention having taken it from the topic; the backlog reads both, realtime the topic."""
+    topic = new_topic(broker, partitions=3)
+    produce_orders(broker, topic, 12_000)
+    root = tmp_path / "archive"
+    archived = []
+    with KafkaTopic(KafkaSettings(broker.bootstrap, topic)) as kafka:
+        for partition, bounds in kafka.bounds().items():
+            cut = bounds.latest // 2
+            for first in range(0, cut, 1_500):
+                texts = [
+                    text
+                    for stored in kafka.read_records(partition, first, min(first + 1_500, cut))
+                    for text in stored.records.column(0).to_pylist()
+                ]
+                table = pa_json.read_json(
+                    io.BytesIO("\n".join(texts).encode()),
+                    parse_options=pa_json.ParseOptions(
+                        explicit_schema=parse_ddl(ORDERS_RECORD_SCHEMA)
+                    ),
+                )
+                path = file_path(root, topic, partition, first, "parquet")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                pq.write_table(table, path)
+                archived.append(table.to_pandas())
+            broker.delete_records(topic, partition, cut)
+    config = kafka_pipeline(
+        tmp_path,
+        broker,
+        topic,
+        source={"archive": {"path": str(root), "format": "parquet"}},
+        realtime={"checkpoint_interval": 0.5},
+    )
+    with open_sink(config) as sink:
+        report = run_backlog(spark, config, sink, log=print)
+        assert all(b.start == 0 for b in sink.current_generation().buckets.values())  # type: ignore[union-attr]
+    assert set(report.read_from.values()) == {"archive, kafka"}
+    runner = RealtimeThread(spark, config, tmp_path / "checkpoint")
+    runner.start()
+    produce_orders(broker, topic, 3_000, first=100_000)
+    wait_for(lambda: reached(config) == latest(broker, topic), timeout=120)
+    runner.stop()
+    with open_sink(config) as sink:
+        results = sink.read_results().to_pandas()
+    everything = pd.concat([*archived, records_in(broker, topic)], ignore_index=True)
+    assert_same(results, customer_totals_oracle(everything), ["customer_id"])
+
+
 def test_a_backlog_run_waits_out_brokers_that_are_down(
     spark: SparkSession, broker: MockBroker, tmp_path: Path
 ) -> None:
@@ -326,3 +383,16 @@ def test_a_source_names_what_its_kind_needs(tmp_path: Path) -> None:
         {**base, "source": {"kind": "kafka", "kafka": env, "event_time": "t"}}
     )
     assert config.source.describe() == "kafka topic orders at $BROKERS"
+    json_archive = {"path": str(tmp_path / "archive"), "format": "json"}
+    with pytest.raises(ValueError, match=r"in front of a kafka topic must be parquet"):
+        PipelineConfig.model_validate(
+            {
+                **base,
+                "source": {
+                    "kind": "kafka",
+                    "kafka": env,
+                    "event_time": "t",
+                    "archive": json_archive,
+                },
+            }
+        )

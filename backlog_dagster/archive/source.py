@@ -121,6 +121,8 @@ class ArchiveThenLog:
         return self.log.held_by(bucket, offset)
 
     def offset_for_time(self, bucket: int, timestamp_us: int) -> int:
+        if self.timestamp_column is None:  # the log answers, or refuses, for both
+            return self.log.offset_for_time(bucket, timestamp_us)
         logged = self.log.bounds()[bucket]
         for held in self.held().get(bucket, []):
             if held.file.start >= logged.earliest:
@@ -133,7 +135,7 @@ class ArchiveThenLog:
         return self.log.offset_for_time(bucket, timestamp_us)
 
     def record_time(self, bucket: int, offset: int) -> int:
-        if offset >= self.log.bounds()[bucket].earliest:
+        if offset >= self.log.bounds()[bucket].earliest or self.timestamp_column is None:
             return self.log.record_time(bucket, offset)
         held = self._holding(bucket, offset)
         return int(self._times(held).cast(pa.int64())[offset - held.file.start].as_py())
@@ -200,6 +202,16 @@ class ArchiveThenLog:
 
     def _holding(self, bucket: int, offset: int) -> _Held:
         return self._covering(bucket, offset, offset + 1)[0]
+
+    def stored_schema(self) -> pa.Schema:
+        """The archive's columns, as its first file holds them: the log's stored columns
+        for an archive of the embedded log, the record's fields for Kafka Connect's."""
+        first = next((fs[0] for fs in self.held().values() if fs), None)
+        if first is None or first.file.format != "parquet":
+            return self.schema
+        import pyarrow.parquet as pq
+
+        return pq.read_schema(first.file.path)
 
     def _table(self, held: _Held) -> pa.Table:
         if held.file.format == "parquet":
@@ -273,7 +285,8 @@ class ArchiveThenLog:
             for b, s in start.items()
             if s < min(end[b], earliest[b])
         }
-        if sum(len(held) for held in archived.values()) > MAX_FILES_PER_READ:
+        many = sum(len(held) for held in archived.values()) > MAX_FILES_PER_READ
+        if many and self.log.payload is Payload.ARROW:
             return read_ranges(hybrid, schema, start, end)
         log_start = {b: min(max(s, earliest[b]), end[b]) for b, s in start.items()}
         in_log = [b for b in start if log_start[b] < end[b]]

@@ -26,6 +26,8 @@ from backlog_dagster.source.base import Source
 from backlog_dagster.spark.records import (
     APPENDED_COLUMN,
     BUCKET_COLUMN,
+    CORRUPT_COLUMN,
+    ERROR_COLUMN,
     OFFSET_COLUMN,
     TIMESTAMP_COLUMN,
 )
@@ -62,7 +64,7 @@ def parquet_ranges(
     from pyspark.sql.pandas.types import from_arrow_schema
 
     output = parse_ddl(schema) if schema else _default_output(archive.schema)
-    stored = from_arrow_schema(archive.schema, prefer_timestamp_ntz=False)
+    stored = from_arrow_schema(archive.stored_schema(), prefer_timestamp_ntz=False)
     stamp = archive.timestamp_column
     frames = []
     for bucket, listed in files.items():
@@ -78,6 +80,8 @@ def parquet_ranges(
                 OFFSET_COLUMN: offset,
                 TIMESTAMP_COLUMN: timed,
                 APPENDED_COLUMN: timed,  # archived records arrived long ago: at their time
+                CORRUPT_COLUMN: F.lit(None),  # typed columns: nothing failed to parse
+                ERROR_COLUMN: F.lit(None),
             }
             frames.append(
                 scan.select(

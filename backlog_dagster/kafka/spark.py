@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from backlog_dagster.kafka.topic import KafkaSettings, KafkaTopic
+from backlog_dagster.kafka.topic import SPARK_FORMAT, KafkaSettings, KafkaTopic
 from backlog_dagster.source.base import Source
 from backlog_dagster.spark.source import SourceDataSource
 
-FORMAT = "kafkabuckets"
+FORMAT = SPARK_FORMAT
 
 
 class KafkaDataSource(SourceDataSource):

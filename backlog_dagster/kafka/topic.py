@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import DataStreamReader
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
+#: The name Spark knows Kafka topics' data source by (``backlog_dagster.kafka.spark``).
+SPARK_FORMAT = "kafkabuckets"
 #: The columns of a topic read with ``value_format: raw``.
 RAW_SCHEMA = pa.schema(
     [
@@ -320,16 +322,13 @@ class KafkaTopic:
         start: Mapping[int, int] | None = None,
         end: Mapping[int, int] | None = None,
     ) -> DataFrame:
-        from backlog_dagster.kafka.spark import FORMAT
         from backlog_dagster.spark.source import read_ranges
 
-        reader = spark.read.format(FORMAT).options(**self.settings.to_options())
+        reader = spark.read.format(SPARK_FORMAT).options(**self.settings.to_options())
         return read_ranges(reader, schema, start, end)
 
     def stream_reader(self, spark: SparkSession) -> DataStreamReader:
-        from backlog_dagster.kafka.spark import FORMAT
-
-        return spark.readStream.format(FORMAT).options(**self.settings.to_options())
+        return spark.readStream.format(SPARK_FORMAT).options(**self.settings.to_options())
 
     def check_reachable(self, spark: SparkSession) -> None:
         """One one-task job: can an executor list the topic's partitions?"""

@@ -321,10 +321,11 @@ class SourceConfig(Frozen):
             raise ValueError("source.kafka is required for kind kafka: bootstrap_servers, topic")
         if self.kind == "kafka" and self.path is not None:
             raise ValueError("source.path is for kind bucketlog; a kafka source has source.kafka")
-        if self.kind == "kafka" and self.archive is not None:
+        if self.kind == "kafka" and self.archive is not None and self.archive.format != "parquet":
             raise ValueError(
-                "source.archive is read as the embedded log's stored columns; an archive of a "
-                "kafka topic is not supported yet"
+                "source.archive in front of a kafka topic must be parquet (Kafka Connect's "
+                "ParquetFormat, the record's fields as columns): its files are read by "
+                "Spark's Parquet reader"
             )
         return self
 

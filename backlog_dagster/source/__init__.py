@@ -29,23 +29,26 @@ if TYPE_CHECKING:
 def open_source(config: PipelineConfig) -> Source:
     """The source ``source.kind`` names, opened; close it after use. ``SourceError`` if
     it is missing. A ``{env: NAME}`` setting is read from this process's environment."""
+    log: Source
     if config.source.kafka is not None:
         from backlog_dagster.kafka import KafkaTopic
+        from backlog_dagster.kafka.topic import SPARK_FORMAT as KAFKA_FORMAT
 
-        return KafkaTopic(_kafka_settings(config))
-    from backlog_dagster.log import Topic
-    from backlog_dagster.log.topic import SPARK_FORMAT
+        settings = _kafka_settings(config)
+        log, log_format, log_options = KafkaTopic(settings), KAFKA_FORMAT, settings.to_options()
+    else:
+        from backlog_dagster.log import Topic
+        from backlog_dagster.log.topic import SPARK_FORMAT
 
-    assert config.source.path is not None
-    log = Topic(config.source.path)
+        assert config.source.path is not None
+        log, log_format = Topic(config.source.path), SPARK_FORMAT
+        log_options = {"path": config.source.path}
     archive = config.source.archive
     if archive is None:
         return log
     from backlog_dagster.archive.source import ArchiveThenLog
 
-    return ArchiveThenLog(
-        Path(archive.path), archive.format, log, SPARK_FORMAT, {"path": config.source.path}
-    )
+    return ArchiveThenLog(Path(archive.path), archive.format, log, log_format, log_options)
 
 
 def for_other_processes(config: PipelineConfig) -> PipelineConfig:
