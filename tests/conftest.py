@@ -45,40 +45,48 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """`make test` runs two pytest-xdist workers: the tests under `dagster dev` all go to
-    the first, one after the other, and the rest to the other (and to the first once it
-    is done with those). Two `dagster dev` sessions at once, each with its Spark drivers,
-    drown two cores (measured: the suite took 25 minutes when xdist's own load scheduling
-    put two of three such tests on both workers). (Its ``xdist_group`` mark would say
-    so, but does not group under pytest 9.)"""
+    """The modules that run the example under `dagster dev` go first, each whole to one
+    worker (one per worker while a worker is left for the rest), and the other tests to
+    the other workers, and to the first ones once they are done.
+
+    `make test` runs two workers, so both modules go to the first, one after the other.
+    Measured on two cores: two workers 1,060 s; three (the two sessions at once) 1,127 s,
+    the sessions each taking half as long again (load average 15); four, 869 s but with
+    runs failing under the load. (Its ``xdist_group`` mark would say so, but does not
+    group under pytest 9.)"""
     from xdist.scheduler import LoadScheduling
 
-    class DagsterDevOnOneWorker(LoadScheduling):
+    class DagsterDevFirst(LoadScheduling):
         def schedule(self) -> None:
             if self.collection is not None or not self._check_nodes_have_same_collection():
                 super().schedule()
                 return
             self.collection = next(iter(self.node2collection.values()))
-            heavy = [
-                i
-                for i, nodeid in enumerate(self.collection)
-                if nodeid.split("::")[0] in DAGSTER_DEV_MODULES
-            ]
-            if not heavy or len(self.nodes) < 2:
+            by_module: dict[str, list[int]] = {}
+            for index, nodeid in enumerate(self.collection):
+                module = nodeid.split("::")[0]
+                if module in DAGSTER_DEV_MODULES:
+                    by_module.setdefault(module, []).append(index)
+            if not by_module or len(self.nodes) < 2:
                 self.collection = None
                 super().schedule()
                 return
             if self.maxschedchunk is None:
                 self.maxschedchunk = len(self.collection)
-            light = [i for i in range(len(self.collection)) if i not in heavy]
-            first, *others = self.nodes
-            self.pending[:] = heavy
-            self._send_tests(first, len(heavy))
-            self.pending[:] = light
+            heavy_nodes = self.nodes[: min(len(by_module), len(self.nodes) - 1)]
+            heavy = {i for indexes in by_module.values() for i in indexes}
+            self.pending[:] = [i for i in range(len(self.collection)) if i not in heavy]
+            for turn, indexes in enumerate(by_module.values()):
+                # A worker starts a test only once it holds the next one: one light test
+                # after each module, so that the module starts now, not at the end.
+                self.pending[:0] = indexes
+                self._send_tests(heavy_nodes[turn % len(heavy_nodes)], len(indexes) + 1)
+            light = self.pending
+            others = self.nodes[len(heavy_nodes) :]
             for node in others:
                 self._send_tests(node, max(2, len(light) // len(self.nodes) // 4))
 
-    return DagsterDevOnOneWorker(config, log)
+    return DagsterDevFirst(config, log)
 
 
 @pytest.fixture(scope="session")

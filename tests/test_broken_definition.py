@@ -5,6 +5,10 @@ its backlog run fails naming the file and field, the standby fails on the same c
 instead of holding a Spark driver, and once the file is fixed and the code location
 reloaded, the sensor takes the pipeline through backlog and switch with nothing done by
 hand: no reset, since nothing was committed under the broken definition.
+
+The pipeline's older records are in a Parquet archive and the log keeps the rest (the
+same session serves both): its backlog reads each bucket from both, says so, and the
+results equal the oracle over every record.
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ import yaml
 from dagster_graphql import DagsterGraphQLClient
 
 from backlog_dagster.components.dev_server import dagster_dev
+from backlog_dagster.sink import open_sink
 from tests.conftest import MakeTopic
 from tests.dagster_server import copy_example
-from tests.pipelines import assert_example_customer_totals, example_config
+from tests.pipelines import assert_same, customer_totals_oracle, example_config, records_up_to
+from tests.test_archive import END_S, archive
 from tests.test_switch import runs_of, sink_state, wait_until
 
 BROKEN_FILTER = "amout > 0"
@@ -29,10 +35,14 @@ def test_a_broken_definition_fixed_in_place_runs_without_a_reset(
     make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = make_topic(records=50_000, buckets=2, name="example/orders")
+    everything = records_up_to(topic, topic.latest_offsets())
+    archive(topic.path, tmp_path / "example" / "archive", END_S - 50, "--truncate")
+    assert all(b.earliest > 0 for b in topic.bounds().values())
     project = tmp_path / "project"
 
     def only_customer_totals(attributes: dict[str, Any]) -> bool:
         attributes["transform"]["filter"] = BROKEN_FILTER
+        attributes["source"]["archive"] = {"path": "example/archive", "format": "parquet"}
         return attributes["name"] == "customer_totals"
 
     copy_example(project, only_customer_totals)
@@ -73,7 +83,18 @@ def test_a_broken_definition_fixed_in_place_runs_without_a_reset(
             400,
             "the fixed pipeline to switch to realtime",
         )
-        assert_example_customer_totals(tmp_path, topic.path)
+        with open_sink(fixed["customer_totals"]) as sink:
+            results = sink.read_results().to_pandas()
+        columns = ["customer_id", "total_amount", "orders", "largest_amount"]
+        assert_same(results, customer_totals_oracle(everything)[columns], ["customer_id"])
+        backlog = (
+            instance.fetch_materializations(dg.AssetKey("customer_totals_backlog"), limit=1)
+            .records[0]
+            .asset_materialization
+        )
+        assert backlog is not None
+        table = backlog.metadata["buckets"].value
+        assert {r.data["read_from"] for r in table.records} == {"archive, log"}  # type: ignore[union-attr]
         import sqlite3
 
         with sqlite3.connect(tmp_path / "example" / "results.sqlite") as db:

@@ -62,6 +62,16 @@ SPARK_URL = "BACKLOG_TEST_SPARK"
 KAFKA_SERVERS = "BACKLOG_TEST_KAFKA"
 #: The Connect server's application takes both workers' cores.
 CLUSTER_CONF = {"spark.cores.max": "2"}
+#: region_minutes' watermark lag threshold in this session (the example's is 2 minutes):
+#: the same way back, a minute and more sooner.
+LAG_THRESHOLD_S = 45
+
+
+def sooner_way_back(attributes: dict[str, Any]) -> bool:
+    """An ``edit`` for ``copy_project``: region_minutes' threshold is ``LAG_THRESHOLD_S``."""
+    if attributes["name"] == "region_minutes":
+        attributes["backlog"]["watermark_lag_threshold"] = f"{LAG_THRESHOLD_S}s"
+    return True
 
 
 def sink_state(configs: Configs, pipeline: str) -> tuple[str, dict[int, int]]:
@@ -75,12 +85,15 @@ def sink_state(configs: Configs, pipeline: str) -> tuple[str, dict[int, int]]:
 
 
 def wait_until(condition, timeout: float, what: str, tick=None) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         if tick is not None:
             tick()
         time.sleep(1)
+    # Where a long session spends its time, in the output of `pytest -rP`.
+    print(f"{time.strftime('%H:%M:%S')} waited {time.monotonic() - started:5.0f} s for {what}")
 
 
 def observations(instance: dg.DagsterInstance, asset: str, having: str) -> list[Any]:
@@ -117,6 +130,7 @@ def test_the_example_under_dagster_dev_switches_recovers_goes_back_and_returns(
         on_postgres("example", SINK_DSN),
         on_spark(SPARK_URL),
         on_kafka("customer_totals", KAFKA_SERVERS, "orders"),
+        sooner_way_back,
     )
     copy_project(ROOT, project, edits)
     home.mkdir()
@@ -214,14 +228,20 @@ def customer_totals_switches_with_its_own_config(
     # The run launched by hand may have been active before the sensor's first tick: the
     # sensor then launches no backlog run of its own (it watches the active one).
     sensors = [r for r in runs_of(instance, "customer_totals_backlog_job") if _by_sensor(r)]
-    realtime_runs = runs_of(instance, "customer_totals_realtime_job")
-    assert len(sensors) <= 1 and len(realtime_runs) == 1
+    realtime_runs = runs_of(instance, "customer_totals_realtime_job")  # the newest first
+    assert len(sensors) <= 1
+    # On a loaded machine the Connect server may not get a run's foreachBatch worker up in
+    # the 10 s Spark waits for it: that run fails and the sensor starts another. Never two
+    # at once: every run before the newest failed.
+    assert all(r.status == dg.DagsterRunStatus.FAILURE for r in realtime_runs[1:])
+    if len(realtime_runs) > 1:
+        print(f"customer_totals: {len(realtime_runs) - 1} realtime run(s) failed and restarted")
     for run in sensors:
         backlog_config = run.run_config["ops"]["customer_totals_backlog"]["config"]
         assert backlog_config["checkpoint_interval"] == 0
-    realtime_config = realtime_runs[0].run_config["ops"]["customer_totals_realtime"]["config"]
-    # The realtime run was started as a standby while the backlog ran, and switched
-    # the pipeline itself the moment the backlog run let go of it.
+    realtime_config = realtime_runs[-1].run_config["ops"]["customer_totals_realtime"]["config"]
+    # The first realtime run was started as a standby while the backlog ran (and, unless
+    # it failed as above, switched the pipeline the moment the backlog run let go).
     assert realtime_config == {
         "checkpoint_interval": 2.0,
         "shuffle_partitions": 4,
@@ -278,7 +298,7 @@ def killed_realtime_run_is_restarted(
 
     def restarted() -> bool:
         runs = runs_of(instance, "customer_totals_realtime_job")
-        return len(runs) == 2 and runs[0].status == dg.DagsterRunStatus.STARTED
+        return runs[0].run_id != dead and runs[0].status == dg.DagsterRunStatus.STARTED
 
     wait_until(restarted, 300, "the sensor to restart the dead realtime run")
     assert instance.get_run_by_id(dead).status == dg.DagsterRunStatus.FAILURE  # type: ignore[union-attr]
@@ -442,13 +462,13 @@ def stall_region_minutes_and_see_it_come_back(
     sink_dsn: str,
     meanwhile: Callable[[], None],
 ) -> None:
-    """The example's region_minutes (lag threshold 2 min) goes back into backlog and returns.
+    """region_minutes (lag threshold ``LAG_THRESHOLD_S``) goes back into backlog and returns.
 
     The process on the Connect server that commits its realtime query's micro-batches is
     stopped (between two commits) while records keep arriving: the run's heartbeat goes
     on, the watermark does not, and once the lag has been above the threshold for the
     grace period the sensor goes back into backlog. ``meanwhile`` runs while it stalls
-    (at least the 2 minutes of the threshold), with live records arriving.
+    (at least the threshold), with live records arriving.
     """
 
     def realtime_run() -> dg.DagsterRun | None:
@@ -511,7 +531,7 @@ def stall_region_minutes_and_see_it_come_back(
         for a, b in itertools.pairwise(history[seen - 1 :])
         if a[1] == "realtime" and b[1] == "backlog"
     )
-    assert back[2] > 120 and "above the threshold 120 s" in back[3]
+    assert back[2] > LAG_THRESHOLD_S and f"above the threshold {LAG_THRESHOLD_S} s" in back[3]
     # The stalled run ended by itself once it could see its generation was replaced.
     assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.SUCCESS  # type: ignore[union-attr]
     observed = observations(instance, "region_minutes_backlog", "is_backlog")
