@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cases import _totals, ours
-from report import machine_line, replace_section
+from report import backlog_cases, machine_line, replace_section
 from run import _example, _fresh_sink, _topic, machine
 
 from backlog_dagster.log import Topic
@@ -96,22 +95,15 @@ def measure(scratch: Path, records: int, repeat: int) -> dict[str, Any]:
         runs["parquet_alone"].append(round(time.perf_counter() - began, 2))
         print(f"parquet alone: {runs['parquet_alone'][-1]:.2f} s")
     spark.stop()
-    medians = {name: statistics.median(seconds) for name, seconds in runs.items()}
+    cases = backlog_cases(runs, records)
     return {
         "records": records,
         "repeat": repeat,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "archive_write_records_per_second": round(records / archive_s),
-        "backlog": {
-            name: {
-                "samples_s": seconds,
-                "median_s": medians[name],
-                "records_per_second": round(records / medians[name]),
-            }
-            for name, seconds in runs.items()
-        },
-        "archive_over_log": round(medians["log"] / medians["archive"], 3),
+        "backlog": cases,
+        "archive_over_log": round(cases["log"]["median_s"] / cases["archive"]["median_s"], 3),
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,19 @@ def replace_section(benchmarks: Path, begin: str, end: str, body: str) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     benchmarks.write_text(text)
+
+
+def backlog_cases(runs: dict[str, list[float]], records: int) -> dict[str, dict[str, Any]]:
+    """Each case's samples (s), their median and the rate at the median."""
+    cases = {}
+    for name, seconds in runs.items():
+        median = statistics.median(seconds)
+        cases[name] = {
+            "samples_s": seconds,
+            "median_s": median,
+            "records_per_second": round(records / median),
+        }
+    return cases
 
 
 def machine_line(machine: dict[str, Any]) -> str:

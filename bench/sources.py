@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cases import ours
-from report import machine_line, replace_section
+from report import backlog_cases, machine_line, replace_section
 from run import _example, _fresh_sink, _topic, machine
 
 from backlog_dagster.kafka.mock_broker import held_everything, mock_broker
@@ -97,7 +96,7 @@ def measure(scratch: Path, records: int, repeat: int, partitions: int) -> dict[s
                 print(f"{name}: {records:,} records in {run['seconds']:.2f} s")
         spark.stop()
     log_topic.close()
-    medians = {name: statistics.median(seconds) for name, seconds in runs.items()}
+    cases = backlog_cases(runs, records)
     return {
         "records": records,
         "partitions": partitions,
@@ -105,15 +104,8 @@ def measure(scratch: Path, records: int, repeat: int, partitions: int) -> dict[s
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "kafka_load_records_per_second": round(records / load_s),
-        "backlog": {
-            name: {
-                "samples_s": seconds,
-                "median_s": medians[name],
-                "records_per_second": round(records / medians[name]),
-            }
-            for name, seconds in runs.items()
-        },
-        "kafka_over_log": round(medians["log"] / medians["kafka"], 3),
+        "backlog": cases,
+        "kafka_over_log": round(cases["log"]["median_s"] / cases["kafka"]["median_s"], 3),
     }
 
 
