@@ -29,7 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cases import _totals, ours
-from report import backlog_cases, machine_line, replace_section
+from report import backlog_cases, case_rows, machine_line, replace_section
 from run import _example, _fresh_sink, _topic, machine
 
 from backlog_dagster.log import Topic
@@ -118,14 +118,12 @@ def _from_archive(config: PipelineConfig, archive: Path) -> PipelineConfig:
 
 def _markdown(results: dict[str, Any]) -> str:
     backlog = results["backlog"]
-    rows = "\n".join(
-        f"| {name} | {', '.join(f'{s:.2f}' for s in b['samples_s'])} | {b['median_s']:.2f} "
-        f"| {b['records_per_second']:,} |"
-        for name, b in (
+    rows = case_rows(
+        [
             ("embedded log (Python data source)", backlog["log"]),
             ("Parquet archive (Spark's reader)", backlog["archive"]),
             ("the same files, Spark alone (no backlog run)", backlog["parquet_alone"]),
-        )
+        ]
     )
     return f"""## The backlog from an archive
 

@@ -94,6 +94,15 @@ def backlog_cases(runs: dict[str, list[float]], records: int) -> dict[str, dict[
     return cases
 
 
+def case_rows(labelled: list[tuple[str, dict[str, Any]]]) -> str:
+    """Markdown rows ``| label | samples | median | records/s |`` of ``backlog_cases``."""
+    return "\n".join(
+        f"| {label} | {', '.join(f'{s:.2f}' for s in case['samples_s'])} "
+        f"| {case['median_s']:.2f} | {case['records_per_second']:,} |"
+        for label, case in labelled
+    )
+
+
 def machine_line(machine: dict[str, Any]) -> str:
     """The machine a run was on, as the reports say it."""
     return (

@@ -29,7 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cases import ours
-from report import backlog_cases, machine_line, replace_section
+from report import backlog_cases, case_rows, machine_line, replace_section
 from run import _example, _fresh_sink, _topic, machine
 
 from backlog_dagster.kafka.mock_broker import held_everything, mock_broker
@@ -128,14 +128,7 @@ def _on_kafka(config: PipelineConfig, bootstrap: str) -> PipelineConfig:
 
 def _markdown(results: dict[str, Any]) -> str:
     backlog = results["backlog"]
-    rows = "\n".join(
-        f"| {name} | {', '.join(f'{s:.2f}' for s in b['samples_s'])} | {b['median_s']:.2f} "
-        f"| {b['records_per_second']:,} |"
-        for name, b in (
-            ("embedded log (Arrow)", backlog["log"]),
-            ("Kafka (JSON)", backlog["kafka"]),
-        )
-    )
+    rows = case_rows([("embedded log (Arrow)", backlog["log"]), ("Kafka (JSON)", backlog["kafka"])])
     return f"""## The backlog by source
 
 `bench/sources.py`, {results["date"][:10]}: the example's customer_totals backlog over the
