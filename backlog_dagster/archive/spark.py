@@ -66,6 +66,7 @@ def parquet_ranges(
     output = parse_ddl(schema) if schema else _default_output(archive.schema)
     stored = from_arrow_schema(archive.stored_schema(), prefer_timestamp_ntz=False)
     stamp = archive.timestamp_column
+    timed = F.col(stamp).cast("timestamp") if stamp else F.lit(None).cast("timestamp")
     frames = []
     for bucket, listed in files.items():
         low, high = ranges[bucket]
@@ -74,7 +75,6 @@ def parquet_ranges(
             offset = F.lit(held.file.start) + F.col("_metadata.row_index")
             if held.file.start < low or held.end > high:  # a range starts or ends inside
                 scan = scan.where((offset >= low) & (offset < high))
-            timed = F.col(stamp).cast("timestamp") if stamp else F.lit(None).cast("timestamp")
             filled: dict[str, Column] = {
                 BUCKET_COLUMN: F.lit(bucket),
                 OFFSET_COLUMN: offset,
