@@ -294,3 +294,44 @@ def test_each_backlog_run_config_field_is_the_setting_the_run_used(
     for key, value in expected.items():
         assert spark.conf.get(key) == value
     assert materialization.metadata["chunks"].value == chunks
+
+
+def test_a_backlog_in_one_chunk_publishes_its_progress_while_spark_reads(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """``checkpoint_interval: 0`` commits once, at the end; meanwhile the run publishes
+    the records Spark's finished read tasks stand for, which the sensor and ``pipeline
+    status`` show."""
+    import threading
+
+    from backlog_dagster.phases.progress import RunProgress
+
+    make_topic(records=900_000, buckets=4)
+    config = pipeline(
+        tmp_path, CUSTOMER_TOTALS, backlog={"checkpoint_interval": 0}, switch={"status_every": 0.1}
+    )
+    seen: list[RunProgress] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        with open_sink(config) as sink:
+            while not done.wait(0.05):
+                published = sink.published_progress()
+                if published is not None:
+                    seen.append(RunProgress.from_json(published))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with open_sink(config) as sink:
+            report = run_backlog(spark, config, sink, log=print, run_id="the run")
+    finally:
+        done.set()
+        watcher.join()
+    assert report.chunks == 1 and report.rows_read == 900_000
+    assert {p.run_id for p in seen} == {"the run"}
+    during = [p for p in seen if p.in_flight]
+    assert any(0 < p.records_read < 900_000 for p in during), sorted(
+        {(p.records_read, tuple(p.in_flight.values())) for p in seen}
+    )
+    assert all(sum(p.in_flight.values()) == p.records_read for p in during)

@@ -31,7 +31,7 @@ from backlog_dagster.spark.records import (
     OFFSET_COLUMN,
     TIMESTAMP_COLUMN,
 )
-from backlog_dagster.spark.source import DEFAULT_MAX_RECORDS_PER_PARTITION, SourceDataSource
+from backlog_dagster.spark.source import SourceDataSource, records_per_task
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -95,7 +95,7 @@ def parquet_ranges(
             )
     whole = functools.reduce(lambda left, right: left.union(right), frames)
     records = sum(high - low for low, high in ranges.values())
-    return whole.coalesce(max(1, math.ceil(records / DEFAULT_MAX_RECORDS_PER_PARTITION)))
+    return whole.coalesce(max(1, math.ceil(records / records_per_task(records))))
 
 
 def _default_output(stored: pa.Schema) -> pa.Schema:

@@ -27,14 +27,19 @@ then stops at its next commit and the realtime phase continues from there.
 from __future__ import annotations
 
 import math
+import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from backlog_dagster.phases.background import in_background
 from backlog_dagster.phases.bad_records import Aggregated, collect, refuse_bad_records
 from backlog_dagster.phases.lock import exclusive_run
 from backlog_dagster.phases.markers import current_generation, extend_markers
+from backlog_dagster.phases.progress import RunProgress
 from backlog_dagster.phases.transform import (
     check_against_source,
     observe_buckets,
@@ -43,10 +48,11 @@ from backlog_dagster.phases.transform import (
 )
 from backlog_dagster.phases.truncation import handle_truncation, removed_unread
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink import BucketState, Generation, Sink
+from backlog_dagster.sink import BucketState, Generation, Sink, open_sink
 from backlog_dagster.source import Source, open_source
 from backlog_dagster.spark.session import runs_elsewhere
 from backlog_dagster.spark.source import share_read_limit
+from backlog_dagster.spark.task_progress import TasksDone, watching_tasks
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -75,6 +81,9 @@ class BacklogReport:
     #: The Spark settings the batch plan ran with: the phase's spark_conf and those the
     #: backlog sets itself (the last round's).
     spark_settings: dict[str, str] = field(default_factory=dict)
+    #: The chunk under way, per bucket its start and end offsets (empty between chunks).
+    chunk_start: dict[int, int] = field(default_factory=dict)
+    chunk_end: dict[int, int] = field(default_factory=dict)
 
     @property
     def records_per_second(self) -> float:
@@ -106,13 +115,16 @@ def run_backlog(
     *,
     checkpoint_interval: float | None = None,
     log: Callable[[str], None] = print,
+    run_id: str = "",
 ) -> BacklogReport:
     """Process the backlog up to the markers; return what was done.
 
-    Refused (``PhaseAlreadyRunning``) while another run of the pipeline is going.
+    Refused (``PhaseAlreadyRunning``) while another run of the pipeline is going. While
+    it works, the run publishes its progress in the sink every ``switch.status_every``
+    (``phases.progress``), as ``run_id`` when given.
     """
     with exclusive_run(sink, config, "backlog"):
-        return _run_backlog(spark, config, sink, checkpoint_interval, log)
+        return _run_backlog(spark, config, sink, checkpoint_interval, log, run_id)
 
 
 def _run_backlog(
@@ -121,6 +133,7 @@ def _run_backlog(
     sink: Sink,
     checkpoint_interval: float | None,
     log: Callable[[str], None],
+    run_id: str,
 ) -> BacklogReport:
     interval = (
         config.backlog.checkpoint_interval if checkpoint_interval is None else checkpoint_interval
@@ -134,17 +147,77 @@ def _run_backlog(
         generation, skipped = _past_removed(sink, topic, config, generation, log)
         read_from = _parts(topic, generation)
     report = BacklogReport(generation.number, skipped_records=skipped, read_from=read_from)
-    while True:
-        generation = _read_to_markers(spark, config, sink, generation, interval, report, log)
-        with open_source(config) as topic:
-            extended = extend_markers(sink, topic, config, log)
-        if extended is None:
-            break
-        generation = extended
-        report.generation = generation.number
+    with publishing_progress(spark, config, report, run_id or "backlog", log):
+        # Read to the markers, then to new ones while the watermark lag asks for them.
+        while True:
+            generation = _read_to_markers(spark, config, sink, generation, interval, report, log)
+            with open_source(config) as topic:
+                extended = extend_markers(sink, topic, config, log)
+            if extended is None:
+                break
+            generation = extended
+            report.generation = generation.number
     report.seconds = time.monotonic() - started
     report.buckets = generation.buckets
     return report
+
+
+@contextmanager
+def publishing_progress(
+    spark: SparkSession,
+    config: PipelineConfig,
+    report: BacklogReport,
+    run_id: str,
+    log: Callable[[str], None],
+) -> Iterator[None]:
+    """While the block runs, publish the run's ``RunProgress`` in the sink every
+    ``switch.status_every``, from a thread with a sink connection of its own: the
+    records of the chunk under way are estimated from Spark's finished read tasks, so
+    a backlog committed in one chunk shows progress too."""
+    started_at = time.time()
+    #: (time, records held by the source): the arrival rate over the last half minute.
+    held: deque[tuple[float, int]] = deque()
+
+    def publish(sink: Sink, tasks_done: TasksDone) -> None:
+        with open_source(config) as topic:
+            now = time.time()
+            held.append((now, sum(topic.latest_offsets().values())))
+        while len(held) > 2 and now - held[1][0] >= 30:
+            held.popleft()
+        (first_at, first), (last_at, last) = held[0], held[-1]
+        arrival = (last - first) / (last_at - first_at) if last_at > first_at else 0.0
+        share = tasks_done() if report.chunk_end else None
+        in_flight = (
+            {
+                b: int((report.chunk_end[b] - start) * share)
+                for b, start in report.chunk_start.items()
+            }
+            if share is not None
+            else {}
+        )
+        progress = RunProgress(
+            run_id=run_id,
+            generation=report.generation,
+            started_at=started_at,
+            at=now,
+            records_read=report.rows_read + sum(in_flight.values()),
+            in_flight=in_flight,
+            arrival_per_s=max(0.0, arrival),
+        )
+        sink.publish_progress(run_id, progress.to_json())
+
+    with watching_tasks(spark) as tasks_done:
+
+        def keep_publishing(stop: threading.Event) -> None:
+            with open_sink(config) as sink:
+                while not stop.wait(config.switch.status_every):
+                    try:
+                        publish(sink, tasks_done)
+                    except Exception as error:  # progress is for show: never fail the run
+                        log(f"backlog: progress not published: {error}")
+
+        with in_background("backlog-progress", keep_publishing):
+            yield
 
 
 def _read_to_markers(
@@ -180,9 +253,11 @@ def _read_to_markers(
         )
         end = _within_held(config, start, {b: start[b] + grant[str(b)] for b in start})
         chunk_started = time.monotonic()
+        report.chunk_start, report.chunk_end = start, end
         try:
             aggregated, event_times = _aggregate(spark, config, start, end)
         except Exception:
+            report.chunk_start, report.chunk_end = {}, {}
             # A range may have vanished under the job (retention): say so, or skip it.
             with open_source(config) as topic:
                 if not removed_unread(generation, topic):
@@ -202,6 +277,7 @@ def _read_to_markers(
         )
         chunk_seconds = time.monotonic() - chunk_started
         chunk_records = sum(end[b] - start[b] for b in start)
+        report.chunk_start, report.chunk_end = {}, {}
         report.best_chunk_rate = max(
             report.best_chunk_rate, chunk_records / max(chunk_seconds, 1e-3)
         )

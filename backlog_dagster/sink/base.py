@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol, Self
+from typing import Any, Protocol, Self
 
 import pyarrow as pa
 
@@ -228,6 +228,12 @@ class Sink(Protocol):
 
     def last_beat(self, run_id: str) -> float | None:
         """When the run last said it was alive (Unix s), if ever."""
+
+    def publish_progress(self, run_id: str, progress: Mapping[str, Any]) -> None:
+        """A run's progress beyond what it committed (JSON-able); the newest is kept."""
+
+    def published_progress(self) -> Mapping[str, Any] | None:
+        """The newest progress a run of the pipeline published, if any."""
 
     def run_lock(self, holder: str, wait_s: float) -> AbstractContextManager[bool]:
         """Hold the pipeline's run lock for the block if it can be had within ``wait_s``;

@@ -24,6 +24,7 @@ message this module raises: errors name the sink by ``describe`` instead.
 from __future__ import annotations
 
 import io
+import json
 import os
 import time
 import zlib
@@ -97,6 +98,12 @@ _STATE_TABLES = (
     run_id text NOT NULL,
     at double precision NOT NULL,
     PRIMARY KEY (pipeline, run_id)
+)""",
+    """CREATE TABLE IF NOT EXISTS {schema}.backlog_run_progress (
+    pipeline text PRIMARY KEY,
+    run_id text NOT NULL,
+    at double precision NOT NULL,
+    progress text NOT NULL
 )""",
     """CREATE TABLE IF NOT EXISTS {schema}.backlog_phases (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -229,6 +236,7 @@ class PostgresSink(ResultTables):
             "backlog_buckets",
             "backlog_commits",
             "backlog_heartbeats",
+            "backlog_run_progress",
             "backlog_phases",
             "backlog_skips",
             self.dead_letter_table,
@@ -739,6 +747,27 @@ class PostgresSink(ResultTables):
             (self.pipeline, run_id),
         )
         return None if not rows else float(rows[0][0])
+
+    def publish_progress(self, run_id: str, progress: Mapping[str, Any]) -> None:
+        def publish_once() -> None:
+            self._db.execute(
+                sql.SQL(
+                    "INSERT INTO {} VALUES (%s, %s, %s, %s) ON CONFLICT (pipeline) DO UPDATE "
+                    "SET run_id = excluded.run_id, at = excluded.at, progress = excluded.progress"
+                ).format(self._name("backlog_run_progress")),
+                (self.pipeline, run_id, time.time(), json.dumps(progress)),
+            )
+
+        self._call(publish_once, retry=True)
+
+    def published_progress(self) -> Mapping[str, Any] | None:
+        rows = self._read(
+            sql.SQL("SELECT progress FROM {} WHERE pipeline = %s").format(
+                self._name("backlog_run_progress")
+            ),
+            (self.pipeline,),
+        )
+        return None if not rows else dict(json.loads(rows[0][0]))
 
     @contextmanager
     def run_lock(self, holder: str, wait_s: float) -> Iterator[bool]:

@@ -14,13 +14,14 @@ markers, progress, phases, commits, heartbeats and skips) are described in one p
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -67,6 +68,12 @@ _STATE_TABLES = (
     run_id TEXT NOT NULL,
     at REAL NOT NULL,
     PRIMARY KEY (pipeline, run_id)
+)""",
+    """CREATE TABLE IF NOT EXISTS backlog_run_progress (
+    pipeline TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    at REAL NOT NULL,
+    progress TEXT NOT NULL
 )""",
     """CREATE TABLE IF NOT EXISTS backlog_phases (
     pipeline TEXT NOT NULL,
@@ -272,6 +279,21 @@ class PipelineState:
             (self.pipeline, run_id),
         ).fetchone()
         return None if row is None else float(row[0])
+
+    def publish_progress(self, run_id: str, progress: Mapping[str, Any]) -> None:
+        with self._transaction():
+            self._db.execute(
+                "INSERT INTO backlog_run_progress VALUES (?, ?, ?, ?) ON CONFLICT (pipeline) "
+                "DO UPDATE SET run_id = excluded.run_id, at = excluded.at, "
+                "progress = excluded.progress",
+                (self.pipeline, run_id, time.time(), json.dumps(progress)),
+            )
+
+    def published_progress(self) -> Mapping[str, Any] | None:
+        row = self._db.execute(
+            "SELECT progress FROM backlog_run_progress WHERE pipeline = ?", (self.pipeline,)
+        ).fetchone()
+        return None if row is None else dict(json.loads(row[0]))
 
     def switch_gap(self, generation: int) -> float | None:
         """Seconds from the backlog's last commit to the realtime phase's first one."""

@@ -76,10 +76,15 @@ def get_session(
     return session_of(spark_resource(master, app_name, conf))
 
 
+def is_connect(spark: SparkSession) -> bool:
+    """Whether the session is a Spark Connect client (no SparkContext here)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
 def runs_elsewhere(spark: SparkSession) -> bool:
     """Whether the session's executors may be on other machines (Spark Connect, a
     cluster) rather than in this process's local Spark."""
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
+    if is_connect(spark):
         return True
     return not (spark.sparkContext.master or "").startswith("local")
 

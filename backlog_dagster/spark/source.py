@@ -32,6 +32,7 @@ positions: a range's end need not be a record's offset plus one (``source.base``
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -72,6 +73,9 @@ if TYPE_CHECKING:
 
 FORMAT = SPARK_FORMAT
 DEFAULT_MAX_RECORDS_PER_PARTITION = 2_000_000
+#: A read this many times ``MIN_RECORDS_PER_TASK`` or larger has at least this many tasks.
+MIN_TASKS_PER_READ = 8
+MIN_RECORDS_PER_TASK = 100_000
 
 Offsets = dict[str, int]
 
@@ -194,7 +198,9 @@ class _Plan:
             ) from error
 
     def partitions(self, start: Mapping[str, int], end: Mapping[str, int]) -> list[Ranges]:
-        size = self.max_records_per_partition
+        """Tasks of ``records_per_task`` records (fewer at a bucket's end)."""
+        total = sum(max(0, stop - start.get(key, stop)) for key, stop in end.items())
+        size = records_per_task(total, self.max_records_per_partition)
         chosen = self.buckets
         pieces = []
         for key, stop in end.items():
@@ -297,6 +303,13 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with self.plan.source() as topic:
             earliest = {str(b): v.earliest for b, v in topic.bounds().items()}
         return _sorted({**{key: earliest[key] for key in missing}, **start})
+
+
+def records_per_task(total: int, most: int = DEFAULT_MAX_RECORDS_PER_PARTITION) -> int:
+    """A read's task size: at most ``most``; a read of ``MIN_TASKS_PER_READ`` times
+    ``MIN_RECORDS_PER_TASK`` records or more has at least ``MIN_TASKS_PER_READ`` tasks,
+    so that every core reads and a long read shows its progress in finished tasks."""
+    return min(most, max(MIN_RECORDS_PER_TASK, math.ceil(total / MIN_TASKS_PER_READ)))
 
 
 def read_ranges(

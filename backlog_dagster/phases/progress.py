@@ -1,0 +1,207 @@
+"""Where a pipeline is, in numbers and words: the backlog's progress and ETA, the
+realtime lag.
+
+A backlog run publishes what only it knows (``RunProgress``: the records it read in the
+chunk under way, estimated from Spark's finished tasks, and how fast records arrive)
+in the sink beside its heartbeat. This module combines that with the committed progress
+into ``BacklogProgress``, the one place the percentages, the rate and the ETA are
+computed, for the sensor's observations and tick reasons and for ``pipeline status``.
+
+The ETA is to the switch. Under the markers strategy the backlog ends at the markers,
+and records arriving meanwhile are realtime's: they do not move the switch. Under the
+watermark-lag strategy the backlog goes on through what arrived (new markers, more
+rounds), so it gains on the input only at its rate less the arrival rate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from backlog_dagster.phases.lag import lateness_us, watermark_lag
+from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.sink import Generation, Sink
+from backlog_dagster.source import Source
+
+#: A run's published progress older than this many heartbeats is not used: the run
+#: may be gone (the sensor decides that by the heartbeat timeout).
+STALE_AFTER_BEATS = 3
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """What the backlog run under way publishes at each heartbeat."""
+
+    run_id: str
+    generation: int
+    #: Unix seconds: the run's start, and when this was published.
+    started_at: float
+    at: float
+    #: Records this run has read so far: committed chunks, and the share of the chunk
+    #: under way that Spark's finished tasks stand for.
+    records_read: int
+    #: Per bucket, the records of the chunk under way read beyond its committed offset.
+    in_flight: dict[int, int] = field(default_factory=dict)
+    #: Records/s arriving at the source lately (0 when nothing arrives).
+    arrival_per_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "in_flight": {str(b): n for b, n in self.in_flight.items()}}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> RunProgress:
+        values = dict(data)
+        values["in_flight"] = {int(b): int(n) for b, n in data.get("in_flight", {}).items()}
+        return RunProgress(**values)
+
+
+@dataclass(frozen=True)
+class BucketProgress:
+    bucket: int
+    done: int
+    total: int
+
+    @property
+    def percent(self) -> float:
+        return 100.0 if self.total <= 0 else 100.0 * min(self.done, self.total) / self.total
+
+
+@dataclass(frozen=True)
+class BacklogProgress:
+    """The backlog of one generation: done of total, per bucket, rate and ETA."""
+
+    generation: int
+    done: int
+    total: int
+    buckets: tuple[BucketProgress, ...]
+    #: The run's records/s since it started; None before a run has read anything.
+    records_per_s: float | None
+    arrival_per_s: float
+    #: Seconds to the switch; None when unknown (no rate yet, or not gaining).
+    eta_s: float | None
+
+    @property
+    def percent(self) -> float:
+        return 100.0 if self.total <= 0 else 100.0 * min(self.done, self.total) / self.total
+
+    def describe(self) -> str:
+        """One line: ``backlog 63 % (1,234,567 of 1,950,000 records), 410,000/s, ETA 40 s``."""
+        line = f"backlog {self.percent:.0f} % ({self.done:,} of {self.total:,} records)"
+        if self.records_per_s:
+            line += f", {self.records_per_s:,.0f} records/s"
+        if self.eta_s is not None:
+            line += f", ETA {readable_duration(self.eta_s)}"
+        elif self.records_per_s and self.done < self.total:
+            line += ", not gaining on the input"
+        return line
+
+
+def published_run(sink: Sink, config: PipelineConfig, now: float) -> RunProgress | None:
+    """The progress the backlog run under way published, unless it is stale."""
+    published = sink.published_progress()
+    run = None if published is None else RunProgress.from_json(published)
+    if run is None or now - run.at > STALE_AFTER_BEATS * config.switch.status_every:
+        return None
+    return run
+
+
+def backlog_progress(
+    generation: Generation, run: RunProgress | None, config: PipelineConfig
+) -> BacklogProgress:
+    """The generation's backlog progress; ``run`` is the backlog run's published progress
+    (ignored when it belongs to another generation)."""
+    # With a watermark-lag threshold the backlog goes on through what arrives meanwhile.
+    continues_rounds = config.backlog.watermark_lag_threshold is not None
+    if run is not None and run.generation != generation.number:
+        run = None
+    in_flight = {} if run is None else run.in_flight
+    buckets = tuple(
+        BucketProgress(
+            b.bucket,
+            min(b.marker, b.reached + in_flight.get(b.bucket, 0)) - b.start,
+            b.marker - b.start,
+        )
+        for b in sorted(generation.buckets.values(), key=lambda s: s.bucket)
+    )
+    done, total = sum(b.done for b in buckets), sum(b.total for b in buckets)
+    rate = None
+    if run is not None and run.records_read > 0 and run.at > run.started_at:
+        rate = run.records_read / (run.at - run.started_at)
+    arrival = 0.0 if run is None else run.arrival_per_s
+    return BacklogProgress(
+        generation=generation.number,
+        done=done,
+        total=total,
+        buckets=buckets,
+        records_per_s=rate,
+        arrival_per_s=arrival,
+        eta_s=_eta(total - done, rate, arrival if continues_rounds else 0.0),
+    )
+
+
+def _eta(left: int, rate: float | None, arrival: float) -> float | None:
+    if left <= 0:
+        return 0.0
+    if not rate or rate <= arrival:
+        return None
+    return left / (rate - arrival)
+
+
+def readable_duration(seconds: float) -> str:
+    """``0.8 s``, ``40 s``, ``3 min 20 s``, ``2 h 5 min``."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
+
+def clock(unix_s: float) -> str:
+    """``04:12:03 UTC``: when something happened, as the UI's readers say it."""
+    return time.strftime("%H:%M:%S UTC", time.gmtime(unix_s))
+
+
+@dataclass(frozen=True)
+class RealtimeLag:
+    """How far realtime trails the input: records, and seconds of input."""
+
+    records: int
+    per_bucket: dict[int, int]
+    #: Now less the latest event time committed (the watermark lag net of the allowed
+    #: lateness); None before any commit.
+    input_lag_s: float | None
+    #: The pipeline's watermark (µs since the epoch) and its lag (s), if it has one.
+    watermark_us: int | None = None
+    watermark_lag_s: float | None = None
+
+    def describe(self) -> str:
+        """``lag 0.8 s of input (12,345 records)``."""
+        if self.input_lag_s is None:
+            return f"lag {self.records:,} records"
+        seconds = readable_duration(max(0.0, self.input_lag_s))
+        return f"lag {seconds} of input ({self.records:,} records)"
+
+
+def realtime_where(since: float, lag: RealtimeLag) -> str:
+    """``realtime since 04:12:03 UTC, lag 0.8 s of input (12,345 records)``."""
+    return f"realtime since {clock(since)}, {lag.describe()}"
+
+
+def realtime_lag(
+    generation: Generation, topic: Source, config: PipelineConfig, now: float
+) -> RealtimeLag:
+    """The lag of the pipeline's committed progress behind the source, now."""
+    reached = {b: s.reached for b, s in generation.buckets.items()}
+    per_bucket = {b: max(0, end - reached.get(b, 0)) for b, end in topic.latest_offsets().items()}
+    # The same watermark lag the switch decides on, not a second definition of it.
+    lag = watermark_lag(generation, topic, config, now)
+    input_lag = None if lag.seconds is None else lag.seconds - lateness_us(config) / 1_000_000
+    return RealtimeLag(
+        sum(per_bucket.values()), per_bucket, input_lag, lag.watermark_us, lag.seconds
+    )

@@ -1,0 +1,128 @@
+"""Where a pipeline is, in numbers and words: backlog progress and ETA, the keeps_up rule."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from backlog_dagster.components.switch import keeps_up_verdict
+from backlog_dagster.phases.policy import MIN_LAG_GROWTH, lag_grew
+from backlog_dagster.phases.progress import (
+    RunProgress,
+    backlog_progress,
+    published_run,
+    readable_duration,
+)
+from backlog_dagster.sink import BucketState, Generation, PhaseChange, open_sink
+from tests.pipelines import CUSTOMER_TOTALS, pipeline
+from tests.test_sink_contract import on_sink
+
+
+def generation(reached: tuple[int, int]) -> Generation:
+    buckets = {
+        0: BucketState(0, 0, 1_000_000, reached[0]),
+        1: BucketState(1, 100, 1_000_100, reached[1]),
+    }
+    return Generation(1, 0.0, "first start", "", buckets)
+
+
+def run(
+    records: int, seconds: float, in_flight: dict[int, int], arrival: float = 0.0
+) -> RunProgress:
+    return RunProgress("r", 1, 1_000.0, 1_000.0 + seconds, records, in_flight, arrival)
+
+
+def test_progress_counts_the_chunk_under_way_and_the_eta_follows_the_rate(tmp_path: Path) -> None:
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    # Nothing committed; Spark's finished read tasks stand for 250,000 records per bucket.
+    progress = backlog_progress(
+        generation((0, 100)), run(500_000, 10, {0: 250_000, 1: 250_000}), config
+    )
+    assert (progress.done, progress.total) == (500_000, 2_000_000)
+    assert [b.percent for b in progress.buckets] == [25.0, 25.0]
+    assert progress.records_per_s == 50_000
+    assert progress.eta_s == 30  # 1,500,000 left at 50,000/s
+    assert progress.describe() == (
+        "backlog 25 % (500,000 of 2,000,000 records), 50,000 records/s, ETA 30 s"
+    )
+    # The markers strategy's switch does not wait for what arrives meanwhile.
+    arriving = backlog_progress(
+        generation((0, 100)), run(500_000, 10, {0: 250_000, 1: 250_000}, 20_000), config
+    )
+    assert arriving.eta_s == 30
+    # A chunk under way never counts past a marker; a finished bucket is 100 %.
+    done = backlog_progress(generation((1_000_000, 500_100)), run(1, 1, {1: 900_000}), config)
+    assert [b.percent for b in done.buckets] == [100.0, 100.0]
+    assert done.eta_s == 0
+
+
+def test_with_a_lag_threshold_the_eta_counts_what_arrives(tmp_path: Path) -> None:
+    config = pipeline(tmp_path, CUSTOMER_TOTALS, backlog={"watermark_lag_threshold": 60})
+    gaining = backlog_progress(generation((0, 100)), run(500_000, 10, {}, 20_000), config)
+    assert gaining.eta_s == pytest.approx(2_000_000 / 30_000)
+    losing = backlog_progress(generation((0, 100)), run(500_000, 10, {}, 60_000), config)
+    assert losing.eta_s is None
+    assert losing.describe().endswith("50,000 records/s, not gaining on the input")
+
+
+def test_progress_of_another_generation_or_none_yet(tmp_path: Path) -> None:
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    other = RunProgress("r", 2, 0.0, 10.0, 500, {0: 500})
+    progress = backlog_progress(generation((0, 100)), other, config)
+    assert progress.done == 0 and progress.records_per_s is None and progress.eta_s is None
+    assert progress.describe() == "backlog 0 % (0 of 2,000,000 records)"
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_the_sink_keeps_the_newest_published_progress(
+    tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    dsn = request.getfixturevalue("postgres_dsn") if kind == "postgres" else None
+    config = on_sink(pipeline(tmp_path, CUSTOMER_TOTALS, switch={"status_every": 1}), kind, dsn)
+    now = time.time()
+    with open_sink(config) as sink:
+        assert sink.published_progress() is None
+        sink.publish_progress("a", run(1, 1, {0: 1}).to_json())
+        fresh = RunProgress("b", 1, now - 5, now, 7, {0: 3, 1: 4}, 12.5)
+        sink.publish_progress("b", fresh.to_json())
+        assert published_run(sink, config, now) == fresh
+        # Older than three heartbeats: the run may be gone, its figures are not shown.
+        assert published_run(sink, config, now + 3.5) is None
+
+
+def test_durations_read_as_people_say_them() -> None:
+    assert [readable_duration(s) for s in (0.84, 40, 200, 3_600, 7_500)] == [
+        "0.8 s",
+        "40 s",
+        "3 min 20 s",
+        "1 h",
+        "2 h 5 min",
+    ]
+
+
+def test_a_growing_lag_is_one_that_rose_through_the_window() -> None:
+    now, window = 1_000.0, 180.0
+    rising = [(now - window + 6 * i, 20_000 + 1_000 * i) for i in range(31)]
+    assert lag_grew(rising, window, now)
+    # Noise: a lag that goes up and down by a micro-batch is not growing.
+    noisy = [(t, 20_000 + (5_000 if i % 2 else 0)) for i, (t, _) in enumerate(rising)]
+    assert not lag_grew(noisy, window, now)
+    # Risen, but by less than MIN_LAG_GROWTH records.
+    small = [(t, 1_000 + i * (MIN_LAG_GROWTH // 40)) for i, (t, _) in enumerate(rising)]
+    assert not lag_grew(small, window, now)
+    # Samples that do not cover the window yet say nothing.
+    assert not lag_grew(rising[-10:], window, now)
+
+
+def test_keeps_up_says_what_failed_and_what_to_do() -> None:
+    history = [PhaseChange(1, "backlog", 0.0, "first start"), PhaseChange(1, "realtime", 1, "x")]
+    passed, description, _ = keeps_up_verdict(history, 100.0)
+    assert passed and description.startswith("0 way(s) back")
+    passed, description, _ = keeps_up_verdict(history, 100.0, lag_growth=(12_000, 450_000))
+    assert not passed
+    assert "the realtime lag grew from 12,000 to 450,000 records" in description
+    assert "more resources" in description
+    passed, description, _ = keeps_up_verdict(history, 100.0, watermark_over=(50.0, 45.0))
+    assert not passed and "watermark lag (50 s) is over the threshold (45 s)" in description
