@@ -36,6 +36,7 @@ from backlog_dagster.components.dev_server import (
     on_spark,
     postgres_url,
 )
+from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG
 from backlog_dagster.kafka.mirror import mirrored
 from backlog_dagster.kafka.mock_broker import mock_broker
 from backlog_dagster.log import Topic
@@ -239,6 +240,11 @@ def customer_totals_switches_with_its_own_config(
     for run in sensors:
         backlog_config = run.run_config["ops"]["customer_totals_backlog"]["config"]
         assert backlog_config["checkpoint_interval"] == 0
+    standby = realtime_runs[-1]
+    if standby.status != dg.DagsterRunStatus.FAILURE:
+        # It took over at the switch, and its tags say so.
+        assert standby.tags[STANDBY_TAG] == "false"
+        assert standby.tags[STARTED_AS_TAG] == "standby"
     realtime_config = realtime_runs[-1].run_config["ops"]["customer_totals_realtime"]["config"]
     # The first realtime run was started as a standby while the backlog ran (and, unless
     # it failed as above, switched the pipeline the moment the backlog run let go).
@@ -418,6 +424,13 @@ def cancelled_realtime_run_stays_cancelled(
         120,
         "the cancellation",
     )
+    # It reads as cancelled: one line saying so, no interrupt's stack trace from Spark.
+    said = [e.user_message for e in instance.all_logs(run_id)]
+    assert any("cancelled: the realtime run stopped" in m for m in said), said
+    for failure in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
+        error = failure.dagster_event.step_failure_data.error  # type: ignore[union-attr]
+        assert error is not None and "KeyboardInterrupt" not in error.to_string()
+        assert error.message.strip().endswith("the next run goes on from there")
     time.sleep(15)  # three sensor ticks: a cancelled realtime run stays cancelled
     assert len(runs_of(instance, "customer_totals_realtime_job")) == runs
 
@@ -536,4 +549,23 @@ def stall_region_minutes_and_see_it_come_back(
     assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.SUCCESS  # type: ignore[union-attr]
     observed = observations(instance, "region_minutes_backlog", "is_backlog")
     assert any(m["generation"].value == back[0] and "watermark_lag_s" in m for m in observed)
+    # While the stalled run went on, the sensor said realtime did not keep up: a warning
+    # on the keeps_up check, before the way back, saying what to do.
+    warnings = [
+        e
+        for e in keeps_up_evaluations(instance, "region_minutes_realtime")
+        if not e.passed and "watermark lag" in (e.description or "")
+    ]
+    assert warnings and "more resources" in (warnings[0].description or "")
     assert_region_minutes(configs["region_minutes"], topic.path)
+
+
+def keeps_up_evaluations(instance: dg.DagsterInstance, asset: str) -> list[Any]:
+    """The keeps_up check's evaluations of ``asset``, newest first."""
+    key = dg.AssetCheckKey(dg.AssetKey(asset), "keeps_up")
+    records = instance.event_log_storage.get_asset_check_execution_history(key, limit=100)
+    return [
+        r.event.dagster_event.event_specific_data
+        for r in records
+        if r.event is not None and r.event.dagster_event is not None
+    ]

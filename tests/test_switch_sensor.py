@@ -7,6 +7,8 @@ Dagster gives real ones; nothing runs. What they did is covered end to end under
 
 from __future__ import annotations
 
+import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import dagster as dg
 
 from backlog_dagster.components.pipeline import pipeline_definitions
+from backlog_dagster.phases.progress import RunProgress
 from backlog_dagster.sink import open_sink
 from tests.conftest import MakeTopic
 from tests.pipelines import CUSTOMER_TOTALS, pipeline
@@ -56,7 +59,30 @@ def test_a_run_refused_by_hand_hides_no_active_run_and_only_own_failures_wait(
         add_run(instance, dg.DagsterRunStatus.FAILURE, **{"dagster/failure_reason": "STEP_FAILURE"})
         second = tick(instance)
         assert second.run_requests == []
-        assert second.skip_reason.skip_message == f"backlog run {reading.run_id} is active"
+        # Every tick's reason begins with where the pipeline is.
+        where = "backlog 0 % (0 of 1,000 records)"
+        assert second.skip_reason.skip_message == f"{where}; backlog run {reading.run_id} is active"
+        assert json.loads(second.cursor)["where"] == where
+        assert second.cursor.startswith('{"where": ')
+
+        # The run publishes what it read in its chunk under way: the next tick shows it,
+        # as its reason and as an observation of the backlog asset.
+        now = time.time()
+        published = RunProgress(reading.run_id, 1, now - 4, now, 400, {0: 150, 1: 250})
+        with open_sink(config) as sink:
+            sink.publish_progress(reading.run_id, published.to_json())
+        progressing = tick(instance)
+        where = "backlog 40 % (400 of 1,000 records), 100 records/s, ETA 6.0 s"
+        assert progressing.skip_reason.skip_message.startswith(f"{where}; ")
+        [observed] = [e for e in progressing.asset_events if "percent_done" in e.metadata]
+        assert observed.asset_key == dg.AssetKey("customer_totals_backlog")
+        assert observed.description == where
+        assert observed.metadata["percent_done"].value == 40.0
+        assert observed.metadata["phase"].value == "backlog"
+        buckets = observed.metadata["buckets"].value.records
+        assert [(r.data["done"], r.data["total"]) for r in buckets] == [(150, 424), (250, 576)]
+        # Observations come every switch.report_every, not every tick.
+        assert not [e for e in tick(instance).asset_events if "percent_done" in e.metadata]
 
         # Its process dies a moment after it started (Dagster's code server reports it
         # failed, with no reason of the run's own): restarted at once.
@@ -72,8 +98,8 @@ def test_a_run_refused_by_hand_hides_no_active_run_and_only_own_failures_wait(
         instance.report_run_failed(failing)
         fourth = tick(instance)
         assert fourth.run_requests == []
-        assert fourth.skip_reason.skip_message == (
-            f"the backlog run {failing.run_id} failed soon after it started; retrying 30 s "
+        assert fourth.skip_reason.skip_message.endswith(
+            f"; the backlog run {failing.run_id} failed soon after it started; retrying 30 s "
             "after it ended"
         )
 

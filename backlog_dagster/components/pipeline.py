@@ -18,7 +18,7 @@ the pipeline's backlog settings unless the run's config overrides them.
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from backlog_dagster.phases.backlog import BacklogReport
-    from backlog_dagster.phases.realtime import RealtimeStatus
 
 
 DATA_ENV = "BACKLOG_DAGSTER_DATA"
@@ -56,9 +55,9 @@ class RealtimeRunConfig(dg.Config):
 
     checkpoint_interval: float | None = None
     shuffle_partitions: int | None = None
-    standby_for_generation: int = 0
-    """Not 0: a standby run, started while that generation's backlog runs (see
-    ``phases.standby``)."""
+    standby_for_generation: int | None = None
+    """Set: a standby run, started while that generation's backlog runs; it takes over at
+    that generation's switch (see ``phases.standby``)."""
     spark_conf: dict[str, str] = Field(default_factory=dict)
     """Spark settings of this run, over the pipeline's ``realtime.spark_conf``."""
 
@@ -147,13 +146,22 @@ def pipeline_definitions(config: PipelineConfig, defs_file: Path | None = None) 
     # One asset per job: a step process of its own would only add a Python start (and
     # the imports of Dagster and the definitions) to every run, and one more process
     # between Dagster and the Spark driver.
+    descriptions = {
+        "backlog": f"{config.name}'s backlog phase: Spark batch up to the boundary markers. "
+        f"Launched by the {config.name}_switch sensor; a run launched by hand while "
+        "another holds the pipeline is refused.",
+        "realtime": f"{config.name}'s realtime phase: Structured Streaming from the markers "
+        f"on, until cancelled. Launched by the {config.name}_switch sensor, first as a "
+        "standby that waits for the backlog to end.",
+    }
     jobs = [
         dg.define_asset_job(
             f"{config.name}_{phase}_job",
             selection=[f"{config.name}_{phase}"],
             executor_def=dg.in_process_executor,
+            description=description,
         )
-        for phase in ("backlog", "realtime")
+        for phase, description in descriptions.items()
     ]
     return dg.Definitions(
         assets=[backlog_asset(config, defs_file), realtime_asset(config, defs_file)],
@@ -246,6 +254,22 @@ def user_errors(defs_file: Path | None) -> Iterator[None]:
         raise dg.Failure(description=f"{where}{error}", allow_retries=False) from None
 
 
+@contextmanager
+def cancel_said_plainly(log: Callable[[str], None], phase: str) -> Iterator[None]:
+    """A run cancelled from the UI stops with one line saying so, not the interrupt's
+    stack trace from deep inside Spark. (Dagster still records an interrupted step as a
+    step failure; the run itself is CANCELED.)"""
+    try:
+        yield
+    except (KeyboardInterrupt, dg.DagsterExecutionInterruptedError):
+        said = (
+            f"cancelled: the {phase} run stopped; every commit it made stays in the sink, "
+            "and the next run goes on from there"
+        )
+        log(said)
+        raise dg.DagsterExecutionInterruptedError(said) from None
+
+
 def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg.AssetsDefinition:
     @dg.asset(
         name=f"{pipeline.name}_backlog",
@@ -261,6 +285,7 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
         from backlog_dagster.phases.backlog import run_backlog
 
         with (
+            cancel_said_plainly(context.log.info, "backlog"),
             user_errors(defs_file),
             heartbeat(pipeline, context.run.run_id),
             pipeline_spark(pipeline, "backlog", config.spark_conf) as spark,
@@ -273,6 +298,7 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
                     sink,
                     checkpoint_interval=config.checkpoint_interval,
                     log=context.log.info,
+                    run_id=context.run.run_id,
                 )
                 in_table = sink.dead_letter_count()
         metadata = report_metadata(report)
@@ -303,21 +329,16 @@ def heartbeat(pipeline: PipelineConfig, run_id: str) -> Iterator[None]:
     The backlog's Spark jobs can run for minutes without a commit; the heartbeat is how
     the switch sensor tells a long job from a dead process.
     """
-    done = threading.Event()
+    from backlog_dagster.phases.background import in_background
 
-    def beat() -> None:
+    def beat(stop: threading.Event) -> None:
         with open_sink(pipeline) as sink:
-            while not done.is_set():
+            while not stop.is_set():
                 sink.beat(run_id)
-                done.wait(pipeline.switch.status_every)
+                stop.wait(pipeline.switch.status_every)
 
-    thread = threading.Thread(target=beat, name=f"heartbeat-{run_id}", daemon=True)
-    thread.start()
-    try:
+    with in_background(f"heartbeat-{run_id}", beat):
         yield
-    finally:
-        done.set()
-        thread.join()
 
 
 def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg.AssetsDefinition:
@@ -339,6 +360,8 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
     ) -> Iterator[dg.MaterializeResult]:
         import shutil
 
+        from backlog_dagster.components.observations import realtime_reporter
+        from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG
         from backlog_dagster.phases.realtime import run_realtime
         from backlog_dagster.phases.standby import await_switch, warm_up
 
@@ -347,13 +370,14 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
         )
         try:
             with (
+                cancel_said_plainly(context.log.info, "realtime"),
                 user_errors(defs_file),
                 heartbeat(pipeline, context.run.run_id),
                 open_sink(pipeline) as sink,
                 open_sink(pipeline) as status_sink,
                 pipeline_spark(pipeline, "realtime", config.spark_conf) as spark,
             ):
-                if config.standby_for_generation:
+                if config.standby_for_generation is not None:
                     warm_up(spark, pipeline)
                     if not await_switch(
                         pipeline,
@@ -367,11 +391,14 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
                             "replaced before the switch; ending unused, nothing materialized"
                         )
                         return
-
-                def report(status: "RealtimeStatus") -> None:
-                    context.log_event(
-                        dg.AssetObservation(asset_key=key, metadata=status_metadata(status))
+                    # From here on it is the realtime run, and its tags say so.
+                    context.instance.add_run_tags(
+                        context.run.run_id, {STANDBY_TAG: "false", STARTED_AS_TAG: "standby"}
                     )
+
+                report = realtime_reporter(
+                    key, status_sink, pipeline.switch.report_every, context.log_event
+                )
 
                 # The run's spark_conf over the YAML's, so that the phase leaves its keys alone.
                 spark_conf = {**pipeline.realtime.spark_conf, **config.spark_conf}
@@ -405,15 +432,34 @@ def keeps_up_check(pipeline: PipelineConfig) -> dg.AssetChecksDefinition:
     @dg.asset_check(
         asset=f"{pipeline.name}_realtime",
         name="keeps_up",
-        description="Warns when the pipeline keeps going back from realtime into backlog: "
-        "realtime cannot keep up with the input. The switch sensor reports it at each phase "
-        "change; running it reads the phase history now.",
+        description="Warns when realtime does not keep up with the input: its offset lag "
+        "grew over switch.keeps_up_window, its watermark lag is over the threshold, or the "
+        "pipeline keeps going back into backlog. The switch sensor evaluates it while the "
+        "realtime run goes on (when the verdict changes, and every 10 minutes) and at each "
+        "phase change; run by hand, it reads the phase history and the watermark lag now.",
     )
     def keeps_up() -> dg.AssetCheckResult:
         from backlog_dagster.components.switch import keeps_up_verdict
+        from backlog_dagster.phases.progress import realtime_lag
+        from backlog_dagster.source import open_source
 
-        with open_sink(pipeline) as sink:
-            passed, description, count = keeps_up_verdict(sink.phase_history(), time.time())
+        now = time.time()
+        threshold = pipeline.backlog.watermark_lag_threshold
+        with open_sink(pipeline) as sink, open_source(pipeline) as topic:
+            generation = sink.current_generation()
+            lag = None if generation is None else realtime_lag(generation, topic, pipeline, now)
+            over = None
+            if (
+                threshold is not None
+                and sink.phase() == "realtime"
+                and lag is not None
+                and lag.watermark_lag_s is not None
+                and lag.watermark_lag_s > threshold
+            ):
+                over = (lag.watermark_lag_s, threshold)
+            passed, description, count = keeps_up_verdict(
+                sink.phase_history(), now, watermark_over=over
+            )
         return dg.AssetCheckResult(
             passed=passed,
             severity=dg.AssetCheckSeverity.WARN,
@@ -422,25 +468,6 @@ def keeps_up_check(pipeline: PipelineConfig) -> dg.AssetChecksDefinition:
         )
 
     return keeps_up
-
-
-def status_metadata(status: "RealtimeStatus") -> dict[str, dg.MetadataValue]:
-    metadata: dict[str, dg.MetadataValue] = {
-        "batches": dg.MetadataValue.int(status.batches),
-        "records": dg.MetadataValue.int(status.records),
-        "late_records": dg.MetadataValue.int(status.late_records),
-        "bad_records": dg.MetadataValue.int(status.bad_records),
-        "offset_lag": dg.MetadataValue.int(sum(status.offset_lag.values())),
-        "records_per_s": dg.MetadataValue.float(round(status.records_per_s, 1)),
-        "offsets": dg.MetadataValue.json({str(b): o for b, o in status.offsets.items()}),
-        "offset_lag_per_bucket": dg.MetadataValue.json(
-            {str(b): o for b, o in status.offset_lag.items()}
-        ),
-    }
-    if status.watermark is not None and status.watermark_lag_s is not None:
-        metadata["watermark"] = dg.MetadataValue.text(status.watermark)
-        metadata["watermark_lag_s"] = dg.MetadataValue.float(round(status.watermark_lag_s, 3))
-    return metadata
 
 
 def report_metadata(report: "BacklogReport") -> dict[str, dg.MetadataValue]:

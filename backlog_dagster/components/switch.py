@@ -35,9 +35,22 @@ from typing import Any
 
 import dagster as dg
 
+from backlog_dagster.components.observations import (
+    backlog_observation,
+    phase_metadata,
+    phase_observation,
+)
 from backlog_dagster.phases.lag import watermark_lag
 from backlog_dagster.phases.markers import continue_backlog, current_generation, extend_markers
-from backlog_dagster.phases.policy import FLAP_WINDOW_S, decide, flapping, way_backs
+from backlog_dagster.phases.policy import FLAP_WINDOW_S, decide, flapping, lag_grew, way_backs
+from backlog_dagster.phases.progress import (
+    backlog_progress,
+    clock,
+    published_run,
+    readable_duration,
+    realtime_lag,
+    realtime_where,
+)
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation, PhaseChange, Sink, open_sink
 from backlog_dagster.source import SourceError, open_source
@@ -50,6 +63,11 @@ RETRY_AFTER_S = 30
 #: The failure reasons Dagster tags a run with (``dagster/failure_reason``) when its own
 #: code failed; a run whose process died has another reason, or none.
 OWN_FAILURES = frozenset({"STEP_FAILURE", "RUN_EXCEPTION", "JOB_INITIALIZATION_FAILURE"})
+
+#: A realtime run's tags: waiting as a standby ("true") or not (it took over at the
+#: switch, or never was one); and how it started.
+STANDBY_TAG = "backlog_dagster/standby"
+STARTED_AS_TAG = "backlog_dagster/started_as"
 
 ACTIVE = [
     dg.DagsterRunStatus.QUEUED,
@@ -77,24 +95,21 @@ def backlog_run_config(config: PipelineConfig) -> dict[str, Any]:
     }
 
 
-def realtime_run_config(config: PipelineConfig, standby_for: int = 0) -> dict[str, Any]:
+def realtime_run_config(config: PipelineConfig, standby_for: int | None = None) -> dict[str, Any]:
     """What the realtime run gets: the realtime interval, a small fixed shuffle.
 
-    ``standby_for`` a generation: started while that generation's backlog runs.
+    ``standby_for`` a generation: started while that generation's backlog runs (the
+    field is left out otherwise).
     """
     realtime = config.realtime
-    return {
-        "ops": {
-            f"{config.name}_realtime": {
-                "config": {
-                    "checkpoint_interval": realtime.checkpoint_interval,
-                    "shuffle_partitions": realtime.shuffle_partitions,
-                    "standby_for_generation": standby_for,
-                    "spark_conf": dict(realtime.spark_conf),
-                }
-            }
-        }
+    run_config: dict[str, Any] = {
+        "checkpoint_interval": realtime.checkpoint_interval,
+        "shuffle_partitions": realtime.shuffle_partitions,
+        "spark_conf": dict(realtime.spark_conf),
     }
+    if standby_for is not None:
+        run_config["standby_for_generation"] = standby_for
+    return {"ops": {f"{config.name}_realtime": {"config": run_config}}}
 
 
 def switch_sensor(
@@ -136,6 +151,7 @@ def switch_sensor(
                 return dg.SensorResult(
                     cursor=json.dumps(cursor), skip_reason=f"no markers taken: {misfit}"
                 )
+            where = "no markers yet"
             if generation is not None:
                 cursor = _for_generation(cursor, generation.number)
                 events += _finish_events(generation, cursor, asset_of["backlog"])
@@ -144,6 +160,8 @@ def switch_sensor(
                 cursor = _for_generation(cursor, generation.number)
                 history = sink.phase_history()
                 events += _phase_events(history, cursor, asset_of, config, now)
+                where, reports = _where(config, sink, generation, history, cursor, now, asset_of)
+                events += reports
             phase = sink.phase()
             number = 0 if generation is None else generation.number
         _end_standby_of_failing_backlog(context, config, number, last)
@@ -163,11 +181,14 @@ def switch_sensor(
         standby = _standby_request(context, config, phase, number, last, request)
         if standby is not None:
             requests.append(standby)
+        # Where the pipeline is comes first in the cursor, which the sensor's page shows,
+        # and in every tick's reason.
+        cursor = {"where": where, **{k: v for k, v in cursor.items() if k != "where"}}
         return dg.SensorResult(
             run_requests=requests,
             asset_events=events,
             cursor=json.dumps(cursor),
-            skip_reason=skip if not requests and not events else None,
+            skip_reason=None if requests else f"{where}; {skip}" if skip else where,
         )
 
     return switch
@@ -239,6 +260,8 @@ def _finish_events(
             events.append(
                 dg.AssetObservation(
                     asset_key=key,
+                    description=f"bucket {bucket.bucket} reached its marker "
+                    f"{bucket.marker:,} (generation {generation.number})",
                     metadata={
                         "event": "BacklogFinishEvent",
                         "bucket": bucket.bucket,
@@ -309,10 +332,11 @@ def _phase_events(
     events: list[dg.AssetObservation | dg.AssetCheckEvaluation] = []
     for index in range(cursor.get("reported", 0), len(history)):
         change = history[index]
+        said = f"{change.phase} since {clock(change.changed_at)}: {change.cause}"
         metadata: dict[str, Any] = {
+            **phase_metadata(change.phase, change.changed_at, change.generation),
             "event": "RecordAttributes",
             "is_backlog": change.phase == "backlog",
-            "generation": change.generation,
             "cause": change.cause,
             "phase_history": dg.MetadataValue.md(history_table(history[: index + 1])),
         }
@@ -320,15 +344,28 @@ def _phase_events(
             metadata["watermark_lag_s"] = round(change.lag_s, 3)
         if config.backlog.watermark_lag_threshold is not None:
             metadata["watermark_lag_threshold_s"] = config.backlog.watermark_lag_threshold
-        events.append(dg.AssetObservation(asset_key=asset_of[change.phase], metadata=metadata))
+        entered = asset_of[change.phase]
+        events.append(dg.AssetObservation(asset_key=entered, description=said, metadata=metadata))
+        # The other phase's asset says it too: its overview shows its own latest values.
+        other = asset_of["realtime" if change.phase == "backlog" else "backlog"]
+        events.append(
+            phase_observation(other, change.phase, change.changed_at, change.generation, said)
+        )
         events.append(keeps_up(history[: index + 1], asset_of["realtime"], now))
     cursor["reported"] = len(history)
     return events
 
 
-def keeps_up(history: list[PhaseChange], key: dg.AssetKey, now: float) -> dg.AssetCheckEvaluation:
-    """The ``keeps_up`` check's evaluation, as the sensor reports it at each phase change."""
-    passed, description, count = keeps_up_verdict(history, now)
+def keeps_up(
+    history: list[PhaseChange],
+    key: dg.AssetKey,
+    now: float,
+    lag_growth: tuple[int, int] | None = None,
+    watermark_over: tuple[float, float] | None = None,
+) -> dg.AssetCheckEvaluation:
+    """The ``keeps_up`` check's evaluation, as the sensor reports it: at each phase change
+    and, in realtime, when its verdict changes (and every ``KEEPS_UP_EVERY_S``)."""
+    passed, description, count = keeps_up_verdict(history, now, lag_growth, watermark_over)
     return dg.AssetCheckEvaluation(
         asset_key=key,
         check_name="keeps_up",
@@ -339,19 +376,45 @@ def keeps_up(history: list[PhaseChange], key: dg.AssetKey, now: float) -> dg.Ass
     )
 
 
-def keeps_up_verdict(history: list[PhaseChange], now: float) -> tuple[bool, str, int]:
-    """Passed unless the pipeline is flapping; a description; the way backs counted."""
+def keeps_up_verdict(
+    history: list[PhaseChange],
+    now: float,
+    lag_growth: tuple[int, int] | None = None,
+    watermark_over: tuple[float, float] | None = None,
+) -> tuple[bool, str, int]:
+    """Passed unless realtime does not keep up: the pipeline is flapping, its offset lag
+    grew over the window (``lag_growth``: records behind then and now), or its watermark
+    lag is over the threshold (``watermark_over``: lag and threshold, s). A description
+    that says what to do; the way backs counted."""
     count = way_backs(history, now)
-    description = f"{count} way(s) back into backlog in the last {FLAP_WINDOW_S / 60:.0f} minutes"
+    counted = f"{count} way(s) back into backlog in the last {FLAP_WINDOW_S / 60:.0f} minutes"
+    problems = []
     if flapping(history, now):
-        return (
-            False,
-            f"{description}: realtime does not keep up with the input; give the realtime "
-            "phase more resources or a larger read limit (the pipeline now waits longer in "
-            "realtime before each way back)",
-            count,
+        problems.append(
+            f"{counted}: the pipeline keeps going back into backlog (it now waits longer "
+            "in realtime before each way back)"
         )
-    return True, description, count
+    if lag_growth is not None:
+        problems.append(
+            f"the realtime lag grew from {lag_growth[0]:,} to {lag_growth[1]:,} records: "
+            "realtime clears fewer records than arrive"
+        )
+    if watermark_over is not None:
+        problems.append(
+            f"the watermark lag ({readable_duration(watermark_over[0])}) is over the "
+            f"threshold ({readable_duration(watermark_over[1])}): unless realtime catches "
+            "up within the grace period, the pipeline goes back into backlog"
+        )
+    if not problems:
+        return True, counted, count
+    return (
+        False,
+        "Realtime does not keep up with the input: "
+        + "; ".join(problems)
+        + ". Give the realtime phase more resources (more cores or executors through "
+        "spark_master and realtime.spark_conf) or a larger realtime.max_records_per_trigger.",
+        count,
+    )
 
 
 def history_table(history: list[PhaseChange]) -> str:
@@ -365,6 +428,62 @@ def history_table(history: list[PhaseChange]) -> str:
         lag = "" if change.lag_s is None else f"{change.lag_s:,.1f}"
         lines.append(f"| {change.generation} | {change.phase} | {when} | {lag} | {change.cause} |")
     return "\n".join(lines)
+
+
+#: In realtime, the keeps_up verdict is reported when it changes, and at least this often.
+KEEPS_UP_EVERY_S = 600
+#: Offset lag samples kept per keeps_up window (in the cursor).
+LAG_SAMPLES = 30
+
+
+def _where(
+    config: PipelineConfig,
+    sink: Sink,
+    generation: Generation,
+    history: list[PhaseChange],
+    cursor: dict[str, Any],
+    now: float,
+    asset_of: dict[str, dg.AssetKey],
+) -> tuple[str, list[dg.AssetObservation | dg.AssetCheckEvaluation]]:
+    """Where the pipeline is, in one line, and the reports due: in backlog, the progress
+    the backlog run published (every ``switch.report_every``); in realtime, the
+    ``keeps_up`` check on the lag's growth (when its verdict changes)."""
+    since = history[-1].changed_at if history else generation.created_at
+    if not history or history[-1].phase == "backlog":
+        run = published_run(sink, config, now)
+        progress = backlog_progress(generation, run, config)
+        if run is None or now - cursor.get("observed_at", 0) < config.switch.report_every:
+            return progress.describe(), []
+        cursor["observed_at"] = now
+        return progress.describe(), [backlog_observation(asset_of["backlog"], progress, since)]
+    with open_source(config) as topic:
+        lag = realtime_lag(generation, topic, config, now)
+    window = config.switch.keeps_up_window
+    samples = [s for s in cursor.get("lag_samples", []) if s[0] >= now - window]
+    if not samples or now - samples[-1][0] >= window / LAG_SAMPLES:
+        samples.append([now, lag.records])
+    cursor["lag_samples"] = samples
+    growth = None
+    if lag_grew([(t, n) for t, n in samples], window, now):
+        growth = (samples[0][1], samples[-1][1])
+    threshold = config.backlog.watermark_lag_threshold
+    over = None
+    if (
+        threshold is not None
+        and lag.watermark_lag_s is not None
+        and lag.watermark_lag_s > threshold
+    ):
+        over = (lag.watermark_lag_s, threshold)
+    evaluation = keeps_up(history, asset_of["realtime"], now, growth, over)
+    reported = cursor.get("keeps_up")
+    if (
+        reported is not None
+        and reported[0] == evaluation.passed
+        and now - reported[1] < KEEPS_UP_EVERY_S
+    ):
+        return realtime_where(since, lag), []
+    cursor["keeps_up"] = [evaluation.passed, now]
+    return realtime_where(since, lag), [evaluation]
 
 
 def _run_request(
@@ -449,7 +568,7 @@ def _standby_request(
         tags={
             "backlog_dagster/phase": "realtime",
             "backlog_dagster/generation": str(number),
-            "backlog_dagster/standby": "true",
+            STANDBY_TAG: "true",
         },
     )
 
@@ -497,7 +616,7 @@ def _end_standby_of_failing_backlog(
 
 def _standby_of(run: dg.DagsterRun, number: int) -> bool:
     """A standby realtime run for generation ``number`` (it waits; nobody waits for it)."""
-    return run.tags.get("backlog_dagster/standby") == "true" and run.tags.get(
+    return run.tags.get(STANDBY_TAG) == "true" and run.tags.get(
         "backlog_dagster/generation"
     ) == str(number)
 

@@ -31,6 +31,9 @@ from backlog_dagster.sink import PhaseChange
 FLAP_WINDOW_S = 3600.0
 #: This many way backs within the window is flapping.
 FLAPPING_WAY_BACKS = 2
+#: An offset lag must grow by at least this many records to count as growing: a lag of
+#: a micro-batch or two comes and goes.
+MIN_LAG_GROWTH = 10_000
 
 
 @dataclass(frozen=True)
@@ -119,3 +122,20 @@ def decide(
         "back into backlog from the committed offsets to new markers at the log's end"
     )
     return Decision("backlog", cause, None)
+
+
+def lag_grew(samples: Sequence[tuple[float, int]], window_s: float, now: float) -> bool:
+    """The offset lag grew over the last ``window_s``: the samples (time, records behind)
+    cover the window, every one in its last third is above every one in its first
+    third, and the lag rose by at least ``MIN_LAG_GROWTH``. Realtime then clears less
+    than arrives, whatever its checkpoint interval."""
+    recent = [(t, lag) for t, lag in samples if t >= now - window_s]
+    if not recent or recent[0][0] > now - 0.9 * window_s:
+        return False
+    first = [lag for t, lag in recent if t <= now - 2 * window_s / 3]
+    last = [lag for t, lag in recent if t >= now - window_s / 3]
+    return (
+        bool(first and last)
+        and min(last) > max(first)
+        and recent[-1][1] - recent[0][1] >= MIN_LAG_GROWTH
+    )

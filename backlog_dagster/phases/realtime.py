@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING
 
 from backlog_dagster import sink as sinks
 from backlog_dagster import source as sources
-from backlog_dagster.phases.lag import watermark_lag
 from backlog_dagster.phases.lock import PhaseAlreadyRunning, exclusive_run
 from backlog_dagster.phases.markers import current_generation
 from backlog_dagster.phases.micro_batch import (
@@ -49,6 +48,7 @@ from backlog_dagster.phases.micro_batch import (
     refusal_in,
     unreachable_in,
 )
+from backlog_dagster.phases.progress import realtime_lag
 from backlog_dagster.phases.transform import check_against_source, read_schema
 from backlog_dagster.phases.truncation import handle_truncation, removed_unread
 from backlog_dagster.phases.watermark import judged_by_arrival
@@ -78,7 +78,9 @@ class RealtimeStatus:
     offsets: dict[int, int] = field(default_factory=dict)
     offset_lag: dict[int, int] = field(default_factory=dict)
     watermark: str | None = None
-    watermark_lag_s: float | None = None
+    #: Now less the latest event time committed: the watermark lag net of the allowed
+    #: lateness, the input's seconds realtime trails by.
+    input_lag_s: float | None = None
     records_per_s: float = 0.0
     #: Micro-batches of the queries before the current one (after a truncation restart).
     batches_before_restart: int = 0
@@ -304,13 +306,11 @@ def _refresh(
     status.late_records = sink.late_count() - before.late
     status.bad_records = sink.dead_letter_count() - before.bad
     with open_source(config) as topic:
-        latest = topic.latest_offsets()
-        # The same watermark lag the switch decides on, not a second definition of it.
-        lag = watermark_lag(generation, topic, config, time.time())
-    status.offset_lag = {b: latest[b] - status.offsets.get(b, 0) for b in latest}
+        lag = realtime_lag(generation, topic, config, time.time())
+    status.offset_lag = lag.per_bucket
+    status.input_lag_s = lag.input_lag_s
     if progress:
         status.records_per_s = float(progress.get("processedRowsPerSecond") or 0.0)
         status.batches = status.batches_before_restart + int(progress.get("batchId", -1)) + 1
     if lag.watermark_us is not None:
         status.watermark = datetime.fromtimestamp(lag.watermark_us / 1e6, UTC).isoformat()
-        status.watermark_lag_s = lag.seconds

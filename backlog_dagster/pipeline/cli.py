@@ -85,15 +85,24 @@ def backlog(defs_yaml: Path, checkpoint_interval: float | None) -> None:
 @pipeline_group.command("status")
 @defs_file
 def status(defs_yaml: Path) -> None:
-    """The pipeline's phase, markers, per-bucket progress, watermark lag and phase history."""
+    """Where the pipeline is (the backlog's progress and ETA, or the realtime lag), its
+    markers, per-bucket progress, watermark lag and phase history."""
     import time
 
     from backlog_dagster.phases.lag import watermark_lag
+    from backlog_dagster.phases.progress import (
+        backlog_progress,
+        published_run,
+        realtime_lag,
+        realtime_where,
+    )
 
     config = pipeline_of(defs_yaml)
+    now = time.time()
     with naming_the_file(defs_yaml), open_sink(config) as sink:
         generation = sink.current_generation()
         history = sink.phase_history()
+        run = published_run(sink, config, now)
         bad, skipped, dead_letters = (
             sink.dead_letter_count(),
             sink.skipped_records(),
@@ -102,11 +111,13 @@ def status(defs_yaml: Path) -> None:
     if generation is None:
         console.print(f"{config.name}: not started (no markers yet)")
         return
+    progress = backlog_progress(generation, run, config)
+    done = {b.bucket: f"{b.percent:.0f} %" for b in progress.buckets}
     table = Table(
         title=f"{config.name}: {history[-1].phase}, generation {generation.number} "
         f"({generation.reason})"
     )
-    for column in ("bucket", "start", "marker", "reached", "finished", "reading from"):
+    for column in ("bucket", "start", "marker", "reached", "done", "reading from"):
         table.add_column(column, justify="right")
     with open_source(config) as topic:
         for b in generation.buckets.values():
@@ -115,11 +126,17 @@ def status(defs_yaml: Path) -> None:
                 f"{b.start:,}",
                 f"{b.marker:,}",
                 f"{b.reached:,}",
-                "yes" if b.finished else "no",
+                done[b.bucket],
                 topic.held_by(b.bucket, b.reached) if b.reached < b.marker else "",
             )
         Console().print(table)
-        lag = watermark_lag(generation, topic, config, time.time())
+        lag = watermark_lag(generation, topic, config, now)
+        if history[-1].phase == "realtime":
+            console.print(
+                realtime_where(history[-1].changed_at, realtime_lag(generation, topic, config, now))
+            )
+        else:
+            console.print(progress.describe())
     threshold = config.backlog.watermark_lag_threshold
     console.print(
         f"{lag.describe()}"

@@ -516,7 +516,23 @@ class SwitchConfig(Frozen):
     )
     interval: Duration = Field(5, gt=0, description="Seconds between the sensor's ticks.")
     status_every: Duration = Field(
-        5, gt=0, description="How often the realtime run reports offsets, lag and watermark."
+        5,
+        gt=0,
+        description="How often runs beat their heartbeat, the backlog run publishes its "
+        "progress and the realtime run refreshes its offsets, lag and watermark.",
+    )
+    report_every: Duration = Field(
+        30,
+        gt=0,
+        description="How often the backlog's progress (from the sensor) and the realtime "
+        "status (from the run) are written as asset observations; a change worth knowing "
+        "(a new bucket, late or bad records) is written at once.",
+    )
+    keeps_up_window: Duration = Field(
+        180,
+        gt=0,
+        description="In realtime, an offset lag that grew over this long fails the keeps_up "
+        "check (a warning): realtime does not keep up with the input.",
     )
     heartbeat_timeout: Duration = Field(
         60,

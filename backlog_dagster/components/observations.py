@@ -1,0 +1,164 @@
+"""What the pipeline's assets show in Dagster's UI: observations a reader takes in at a
+glance.
+
+Every observation carries a one-line description (the Events list shows it) and the same
+three keys, ``phase``, ``phase_since`` and ``generation``, so the asset's overview, which
+shows the latest value of each metadata key, says where the pipeline is without opening
+an event. Per-bucket values are tables; durations are written out; counts are numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import dagster as dg
+
+from backlog_dagster.phases.progress import (
+    BacklogProgress,
+    RealtimeLag,
+    readable_duration,
+    realtime_where,
+)
+
+if TYPE_CHECKING:
+    from backlog_dagster.phases.realtime import RealtimeStatus
+    from backlog_dagster.sink import Sink
+
+
+def phase_metadata(phase: str, since: float, generation: int) -> dict[str, dg.MetadataValue]:
+    return {
+        "phase": dg.MetadataValue.text(phase),
+        "phase_since": dg.MetadataValue.timestamp(since),
+        "generation": dg.MetadataValue.int(generation),
+    }
+
+
+def phase_observation(
+    key: dg.AssetKey, phase: str, since: float, generation: int, where: str
+) -> dg.AssetObservation:
+    """The phase, on an asset whose own events would otherwise tell an older story."""
+    return dg.AssetObservation(
+        asset_key=key,
+        description=where,
+        metadata={
+            **phase_metadata(phase, since, generation),
+            "where": dg.MetadataValue.text(where),
+        },
+    )
+
+
+def backlog_observation(
+    key: dg.AssetKey, progress: BacklogProgress, since: float
+) -> dg.AssetObservation:
+    """The backlog's progress while a run works: done of total, per bucket, rate, ETA."""
+    where = progress.describe()
+    metadata = {
+        **phase_metadata("backlog", since, progress.generation),
+        "where": dg.MetadataValue.text(where),
+        "percent_done": dg.MetadataValue.float(round(progress.percent, 1)),
+        "records_done": dg.MetadataValue.int(progress.done),
+        "records_total": dg.MetadataValue.int(progress.total),
+        "eta": dg.MetadataValue.text(
+            "unknown" if progress.eta_s is None else readable_duration(progress.eta_s)
+        ),
+        "buckets": dg.MetadataValue.table(
+            records=[
+                dg.TableRecord(
+                    {
+                        "bucket": b.bucket,
+                        "done": b.done,
+                        "total": b.total,
+                        "percent": round(b.percent, 1),
+                    }
+                )
+                for b in progress.buckets
+            ],
+            schema=dg.TableSchema(
+                columns=[
+                    dg.TableColumn("bucket", "int"),
+                    dg.TableColumn("done", "int"),
+                    dg.TableColumn("total", "int"),
+                    dg.TableColumn("percent", "float"),
+                ]
+            ),
+        ),
+    }
+    if progress.records_per_s is not None:
+        metadata["records_per_s"] = dg.MetadataValue.int(round(progress.records_per_s))
+    if progress.eta_s is not None:
+        metadata["eta_s"] = dg.MetadataValue.float(round(progress.eta_s, 1))
+    if progress.arrival_per_s:
+        metadata["arriving_per_s"] = dg.MetadataValue.int(round(progress.arrival_per_s))
+    return dg.AssetObservation(asset_key=key, description=where, metadata=metadata)
+
+
+def realtime_observation(
+    key: dg.AssetKey, status: RealtimeStatus, since: float, generation: int
+) -> dg.AssetObservation:
+    """The realtime run's status: the lag net of the allowed lateness, in records and
+    seconds of input, the rate, the records set aside; offsets per bucket as a table."""
+    lag = RealtimeLag(sum(status.offset_lag.values()), status.offset_lag, status.input_lag_s)
+    where = realtime_where(since, lag)
+    if status.records_per_s:
+        where += f", {status.records_per_s:,.0f} records/s"
+    if status.late_records or status.bad_records:
+        where += f"; {status.late_records:,} late, {status.bad_records:,} bad records set aside"
+    metadata: dict[str, dg.MetadataValue] = {
+        **phase_metadata("realtime", since, generation),
+        "where": dg.MetadataValue.text(where),
+        "lag_records": dg.MetadataValue.int(lag.records),
+        "records": dg.MetadataValue.int(status.records),
+        "records_per_s": dg.MetadataValue.int(round(status.records_per_s)),
+        "batches": dg.MetadataValue.int(status.batches),
+        "late_records": dg.MetadataValue.int(status.late_records),
+        "bad_records": dg.MetadataValue.int(status.bad_records),
+        "buckets": _offsets_table(status.offsets, status.offset_lag),
+    }
+    if lag.input_lag_s is not None:
+        metadata["lag"] = dg.MetadataValue.text(readable_duration(max(0.0, lag.input_lag_s)))
+        metadata["lag_s"] = dg.MetadataValue.float(round(lag.input_lag_s, 3))
+    if status.watermark is not None:
+        metadata["watermark"] = dg.MetadataValue.text(status.watermark)
+    return dg.AssetObservation(asset_key=key, description=where, metadata=metadata)
+
+
+def _offsets_table(offsets: dict[int, int], lag: dict[int, int]) -> dg.TableMetadataValue:
+    buckets: Iterable[int] = sorted(set(offsets) | set(lag))
+    return dg.MetadataValue.table(
+        records=[
+            dg.TableRecord({"bucket": b, "offset": offsets.get(b, 0), "lag_records": lag.get(b, 0)})
+            for b in buckets
+        ],
+        schema=dg.TableSchema(
+            columns=[dg.TableColumn(c, "int") for c in ("bucket", "offset", "lag_records")]
+        ),
+    )
+
+
+def realtime_reporter(
+    key: dg.AssetKey,
+    sink: Sink,
+    report_every: float,
+    log_event: Callable[[dg.AssetObservation], None],
+) -> Callable[[RealtimeStatus], None]:
+    """The realtime run's ``on_status``: an observation when something worth knowing
+    changed (a bucket appeared, records were set aside as late or bad), else one every
+    ``report_every`` seconds."""
+    last: dict[str, Any] = {"at": -math.inf, "seen": None}
+
+    def report(status: RealtimeStatus) -> None:
+        seen = (tuple(sorted(status.offsets)), status.late_records, status.bad_records)
+        now = time.monotonic()
+        if seen == last["seen"] and now - last["at"] < report_every:
+            return
+        last.update(at=now, seen=seen)
+        history = sink.phase_history()
+        generation = sink.current_generation()
+        since = history[-1].changed_at if history else time.time()
+        number = 0 if generation is None else generation.number
+        log_event(realtime_observation(key, status, since, number))
+
+    return report
