@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench
+.PHONY: demo test lint bench browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/backlog-dagster demo $(ARGS)
 
-test: lint
+test: lint browser
 	$(BIN)/pytest -n 2
+
+# The UI test's headless browser: Debian's chromium and its driver (never a download).
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  (DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver || \
+	   (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver))
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -9,10 +9,16 @@ hand: no reset, since nothing was committed under the broken definition.
 The pipeline's older records are in a Parquet archive and the log keeps the rest (the
 same session serves both): its backlog reads each bucket from both, says so, and the
 results equal the oracle over every record.
+
+The same session is looked at in headless Chromium: while the fixed backlog runs, the
+backlog asset's overview shows its progress and ETA and the sensor's page says where the
+pipeline is; after the switch, the realtime asset's overview shows the phase and the lag.
 """
 
 from __future__ import annotations
 
+import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +27,10 @@ import yaml
 from dagster_graphql import DagsterGraphQLClient
 
 from backlog_dagster.components.dev_server import dagster_dev
+from backlog_dagster.phases.progress import published_run
+from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import open_sink
+from tests.browser import chromium, page_showing, screenshot
 from tests.conftest import MakeTopic
 from tests.dagster_server import copy_example
 from tests.pipelines import assert_same, customer_totals_oracle, example_config, records_up_to
@@ -29,12 +38,15 @@ from tests.test_archive import END_S, archive
 from tests.test_switch import runs_of, sink_state, wait_until
 
 BROKEN_FILTER = "amout > 0"
+#: Enough records for the backlog to run while the browser looks (one chunk, as the
+#: example has it: its progress comes from Spark's finished tasks).
+RECORDS = 1_000_000
 
 
 def test_a_broken_definition_fixed_in_place_runs_without_a_reset(
     make_topic: MakeTopic, tmp_path: Path
 ) -> None:
-    topic = make_topic(records=50_000, buckets=2, name="example/orders")
+    topic = make_topic(records=RECORDS, buckets=2, name="example/orders")
     everything = records_up_to(topic, topic.latest_offsets())
     archive(topic.path, tmp_path / "example" / "archive", END_S - 50, "--truncate")
     assert all(b.earliest > 0 for b in topic.bounds().values())
@@ -43,6 +55,8 @@ def test_a_broken_definition_fixed_in_place_runs_without_a_reset(
     def only_customer_totals(attributes: dict[str, Any]) -> bool:
         attributes["transform"]["filter"] = BROKEN_FILTER
         attributes["source"]["archive"] = {"path": "example/archive", "format": "parquet"}
+        # Reports and ticks often enough for a browser to see them within seconds.
+        attributes["switch"] |= {"interval": "2s", "status_every": "1s", "report_every": "2s"}
         return attributes["name"] == "customer_totals"
 
     copy_example(project, only_customer_totals)
@@ -78,11 +92,10 @@ def test_a_broken_definition_fixed_in_place_runs_without_a_reset(
         client.reload_repository_location("example")
 
         fixed = {"customer_totals": example_config("customer_totals", tmp_path, project)}
-        wait_until(
-            lambda: sink_state(fixed, "customer_totals")[0] == "realtime",
-            400,
-            "the fixed pipeline to switch to realtime",
-        )
+        with chromium(tmp_path / "chromium") as browser:
+            the_ui_shows_the_backlog_then_the_realtime_phase(
+                browser, f"http://127.0.0.1:{server.port}", fixed, tmp_path / "screenshots"
+            )
         with open_sink(fixed["customer_totals"]) as sink:
             results = sink.read_results().to_pandas()
         columns = ["customer_id", "total_amount", "orders", "largest_amount"]
@@ -107,3 +120,40 @@ def test_a_broken_definition_fixed_in_place_runs_without_a_reset(
             ]
         assert reasons == ["first start", "definition changed before any result"]
         instance.dispose()
+
+
+def the_ui_shows_the_backlog_then_the_realtime_phase(
+    browser: Any, url: str, configs: dict[str, PipelineConfig], screenshots: Path
+) -> None:
+    def backlog_under_way() -> bool:
+        with open_sink(configs["customer_totals"]) as sink:
+            run = published_run(sink, configs["customer_totals"], time.time())
+            return sink.phase() == "backlog" and run is not None and run.records_read > 0
+
+    wait_until(backlog_under_way, 300, "the fixed backlog to read its first records")
+    text = page_showing(
+        browser,
+        f"{url}/assets/customer_totals_backlog",
+        ["percent_done", "records_done", "phase_since", "ETA "],
+    )
+    assert re.search(r"backlog \d+ % \([\d,]+ of [\d,]+ records\)", text), text
+    shot = screenshot(browser, screenshots, "backlog-progress")
+    during = sink_state(configs, "customer_totals")[0]
+    text = page_showing(
+        browser, f"{url}/locations/example/sensors/customer_totals_switch", ['"where": "']
+    )
+    screenshot(browser, screenshots, "sensor")
+    print(f"backlog progress seen in the UI while the pipeline was in {during}: {shot}")
+    assert during == "backlog", "the backlog ended before the browser saw it"
+    wait_until(
+        lambda: sink_state(configs, "customer_totals")[0] == "realtime",
+        400,
+        "the fixed pipeline to switch to realtime",
+    )
+    text = page_showing(
+        browser,
+        f"{url}/assets/customer_totals_realtime",
+        ["realtime since", "lag_records", "phase_since"],
+    )
+    assert re.search(r"realtime since \d\d:\d\d:\d\d UTC, lag", text), text
+    screenshot(browser, screenshots, "realtime-phase")

@@ -133,6 +133,28 @@ def test_dg_scaffold_defs_writes_a_pipeline_that_runs(tmp_path: Path) -> None:
     assert "keys: [user]" in written and "column: amount" in written
     assert "All component YAML validated successfully" in dg_("check", "yaml")
     assert "All definitions loaded successfully" in dg_("check", "defs")
+    # The asset specs are overridden in YAML as for any Dagster component.
+    defs_yaml = project / "badproj" / "defs" / "per_user" / "defs.yaml"
+    defs_yaml.write_text(
+        written
+        + "post_processing:\n  assets:\n    - target: '*'\n      attributes:\n"
+        + "        group_name: sales\n        owners: ['team:data']\n"
+        + "        tags: {tier: gold}\n"
+    )
+    listed = subprocess.run(
+        [str(bin_dir / "dg"), "list", "defs", "--json"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=True,
+    )
+    assets = {a["asset_key"]: a for a in json.loads(listed.stdout)["assets"]}
+    for key in ("per_user_backlog", "per_user_realtime"):
+        assert assets[key]["group_name"] == "sales"
+        assert assets[key]["owners"] == [{"team": "data"}]
+        assert {"key": "tier", "value": "gold"} in assets[key]["tags"]
     home = tmp_path / "home"
     home.mkdir()
     result = subprocess.run(
