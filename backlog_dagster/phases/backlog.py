@@ -81,6 +81,8 @@ class BacklogReport:
     #: The Spark settings the batch plan ran with: the phase's spark_conf and those the
     #: backlog sets itself (the last round's).
     spark_settings: dict[str, str] = field(default_factory=dict)
+    #: When the first chunk began (Unix s): the run's reading rate counts from there.
+    reading_since: float | None = None
     #: The chunk under way, per bucket its start and end offsets (empty between chunks).
     chunk_start: dict[int, int] = field(default_factory=dict)
     chunk_end: dict[int, int] = field(default_factory=dict)
@@ -174,7 +176,6 @@ def publishing_progress(
     ``switch.status_every``, from a thread with a sink connection of its own: the
     records of the chunk under way are estimated from Spark's finished read tasks, so
     a backlog committed in one chunk shows progress too."""
-    started_at = time.time()
     #: (time, records held by the source): the arrival rate over the last half minute.
     held: deque[tuple[float, int]] = deque()
 
@@ -198,7 +199,7 @@ def publishing_progress(
         progress = RunProgress(
             run_id=run_id,
             generation=report.generation,
-            started_at=started_at,
+            started_at=report.reading_since or now,
             at=now,
             records_read=report.rows_read + sum(in_flight.values()),
             in_flight=in_flight,
@@ -253,6 +254,7 @@ def _read_to_markers(
         )
         end = _within_held(config, start, {b: start[b] + grant[str(b)] for b in start})
         chunk_started = time.monotonic()
+        report.reading_since = report.reading_since or time.time()
         report.chunk_start, report.chunk_end = start, end
         try:
             aggregated, event_times = _aggregate(spark, config, start, end)

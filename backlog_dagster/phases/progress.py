@@ -36,7 +36,8 @@ class RunProgress:
 
     run_id: str
     generation: int
-    #: Unix seconds: the run's start, and when this was published.
+    #: Unix seconds: when the run began to read (its first chunk; the Spark start and
+    #: the planning before it are not reading), and when this was published.
     started_at: float
     at: float
     #: Records this run has read so far: committed chunks, and the share of the chunk
@@ -76,7 +77,7 @@ class BacklogProgress:
     done: int
     total: int
     buckets: tuple[BucketProgress, ...]
-    #: The run's records/s since it started; None before a run has read anything.
+    #: The run's records/s since it began to read; None before it has read anything.
     records_per_s: float | None
     arrival_per_s: float
     #: Seconds to the switch; None when unknown (no rate yet, or not gaining).
