@@ -564,8 +564,9 @@ def keeps_up_evaluations(instance: dg.DagsterInstance, asset: str) -> list[Any]:
     """The keeps_up check's evaluations of ``asset``, newest first."""
     key = dg.AssetCheckKey(dg.AssetKey(asset), "keeps_up")
     records = instance.event_log_storage.get_asset_check_execution_history(key, limit=100)
-    return [
+    evaluations = [
         r.event.dagster_event.event_specific_data
         for r in records
         if r.event is not None and r.event.dagster_event is not None
     ]
+    return [e for e in evaluations if isinstance(e, dg.AssetCheckEvaluation)]
