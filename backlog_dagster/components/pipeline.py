@@ -440,23 +440,23 @@ def keeps_up_check(pipeline: PipelineConfig) -> dg.AssetChecksDefinition:
     )
     def keeps_up() -> dg.AssetCheckResult:
         from backlog_dagster.components.switch import keeps_up_verdict
-        from backlog_dagster.phases.progress import realtime_lag
+        from backlog_dagster.phases.lag import watermark_lag
         from backlog_dagster.source import open_source
 
         now = time.time()
         threshold = pipeline.backlog.watermark_lag_threshold
         with open_sink(pipeline) as sink, open_source(pipeline) as topic:
             generation = sink.current_generation()
-            lag = None if generation is None else realtime_lag(generation, topic, pipeline, now)
+            lag = None if generation is None else watermark_lag(generation, topic, pipeline, now)
             over = None
             if (
                 threshold is not None
                 and sink.phase() == "realtime"
                 and lag is not None
-                and lag.watermark_lag_s is not None
-                and lag.watermark_lag_s > threshold
+                and lag.seconds is not None
+                and lag.seconds > threshold
             ):
-                over = (lag.watermark_lag_s, threshold)
+                over = (lag.seconds, threshold)
             passed, description, count = keeps_up_verdict(
                 sink.phase_history(), now, watermark_over=over
             )

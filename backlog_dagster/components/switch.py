@@ -40,7 +40,7 @@ from backlog_dagster.components.observations import (
     phase_metadata,
     phase_observation,
 )
-from backlog_dagster.phases.lag import watermark_lag
+from backlog_dagster.phases.lag import Lag, watermark_lag
 from backlog_dagster.phases.markers import continue_backlog, current_generation, extend_markers
 from backlog_dagster.phases.policy import FLAP_WINDOW_S, decide, flapping, lag_grew, way_backs
 from backlog_dagster.phases.progress import (
@@ -156,11 +156,15 @@ def switch_sensor(
                 cursor = _for_generation(cursor, generation.number)
                 events += _finish_events(generation, cursor, asset_of["backlog"])
                 paused = _cancelled_by_user(context, last["realtime"])
-                generation = _decide(context, config, sink, generation, cursor, now, paused, last)
+                generation, lag = _decide(
+                    context, config, sink, generation, cursor, now, paused, last
+                )
                 cursor = _for_generation(cursor, generation.number)
                 history = sink.phase_history()
                 events += _phase_events(history, cursor, asset_of, config, now)
-                where, reports = _where(config, sink, generation, history, cursor, now, asset_of)
+                where, reports = _where(
+                    config, sink, generation, lag, history, cursor, now, asset_of
+                )
                 events += reports
             phase = sink.phase()
             number = 0 if generation is None else generation.number
@@ -283,8 +287,10 @@ def _decide(
     now: float,
     paused: bool,
     last: dict[str, dg.DagsterRun | None],
-) -> Generation:
-    """Apply the phase policy; returns the generation, a new one if it went back."""
+) -> tuple[Generation, Lag | None]:
+    """Apply the phase policy; returns the generation (a new one if it went back) and the
+    watermark lag it was decided on (measured only where a threshold is set: for a
+    Kafka topic it reads each partition's last record)."""
     threshold = config.backlog.watermark_lag_threshold
     with open_source(config) as topic:
         lag = None if threshold is None else watermark_lag(generation, topic, config, now)
@@ -318,7 +324,7 @@ def _decide(
             # The backlog run takes new markers itself when it reaches them with the lag
             # still high; this covers a run that ended (or died) just there.
             generation = extend_markers(sink, topic, config, context.log.info) or generation
-    return generation
+    return generation, lag
 
 
 def _phase_events(
@@ -440,6 +446,7 @@ def _where(
     config: PipelineConfig,
     sink: Sink,
     generation: Generation,
+    mark: Lag | None,
     history: list[PhaseChange],
     cursor: dict[str, Any],
     now: float,
@@ -457,7 +464,7 @@ def _where(
         cursor["observed_at"] = now
         return progress.describe(), [backlog_observation(asset_of["backlog"], progress, since)]
     with open_source(config) as topic:
-        lag = realtime_lag(generation, topic, config, now)
+        lag = realtime_lag(generation, topic.latest_offsets(), mark, config)
     window = config.switch.keeps_up_window
     samples = [s for s in cursor.get("lag_samples", []) if s[0] >= now - window]
     if not samples or now - samples[-1][0] >= window / LAG_SAMPLES:

@@ -179,10 +179,9 @@ def publishing_progress(
     #: (time, records held by the source): the arrival rate over the last half minute.
     held: deque[tuple[float, int]] = deque()
 
-    def publish(sink: Sink, tasks_done: TasksDone) -> None:
-        with open_source(config) as topic:
-            now = time.time()
-            held.append((now, sum(topic.latest_offsets().values())))
+    def publish(sink: Sink, topic: Source, tasks_done: TasksDone) -> None:
+        now = time.time()
+        held.append((now, sum(topic.latest_offsets().values())))
         while len(held) > 2 and now - held[1][0] >= 30:
             held.popleft()
         (first_at, first), (last_at, last) = held[0], held[-1]
@@ -210,10 +209,10 @@ def publishing_progress(
     with watching_tasks(spark) as tasks_done:
 
         def keep_publishing(stop: threading.Event) -> None:
-            with open_sink(config) as sink:
+            with open_sink(config) as sink, open_source(config) as topic:
                 while not stop.wait(config.switch.status_every):
                     try:
-                        publish(sink, tasks_done)
+                        publish(sink, topic, tasks_done)
                     except Exception as error:  # progress is for show: never fail the run
                         log(f"backlog: progress not published: {error}")
 

@@ -20,10 +20,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from backlog_dagster.phases.lag import lateness_us, watermark_lag
+from backlog_dagster.phases.lag import Lag, lateness_us
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation, Sink
-from backlog_dagster.source import Source
 
 #: A run's published progress older than this many heartbeats is not used: the run
 #: may be gone (the sensor decides that by the heartbeat timeout).
@@ -195,14 +194,13 @@ def realtime_where(since: float, lag: RealtimeLag) -> str:
 
 
 def realtime_lag(
-    generation: Generation, topic: Source, config: PipelineConfig, now: float
+    generation: Generation, latest: Mapping[int, int], mark: Lag | None, config: PipelineConfig
 ) -> RealtimeLag:
-    """The lag of the pipeline's committed progress behind the source, now."""
+    """How far the committed progress trails the source's ``latest`` offsets; in seconds
+    of input too when the watermark lag ``mark`` (``phases.lag``) is given."""
     reached = {b: s.reached for b, s in generation.buckets.items()}
-    per_bucket = {b: max(0, end - reached.get(b, 0)) for b, end in topic.latest_offsets().items()}
-    # The same watermark lag the switch decides on, not a second definition of it.
-    lag = watermark_lag(generation, topic, config, now)
-    input_lag = None if lag.seconds is None else lag.seconds - lateness_us(config) / 1_000_000
-    return RealtimeLag(
-        sum(per_bucket.values()), per_bucket, input_lag, lag.watermark_us, lag.seconds
-    )
+    per_bucket = {b: max(0, end - reached.get(b, 0)) for b, end in latest.items()}
+    seconds = None if mark is None else mark.seconds
+    input_lag = None if seconds is None else seconds - lateness_us(config) / 1_000_000
+    watermark_us = None if mark is None else mark.watermark_us
+    return RealtimeLag(sum(per_bucket.values()), per_bucket, input_lag, watermark_us, seconds)

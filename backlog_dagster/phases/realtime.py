@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 
 from backlog_dagster import sink as sinks
 from backlog_dagster import source as sources
+from backlog_dagster.phases.lag import watermark_lag
 from backlog_dagster.phases.lock import PhaseAlreadyRunning, exclusive_run
 from backlog_dagster.phases.markers import current_generation
 from backlog_dagster.phases.micro_batch import (
@@ -306,7 +307,9 @@ def _refresh(
     status.late_records = sink.late_count() - before.late
     status.bad_records = sink.dead_letter_count() - before.bad
     with open_source(config) as topic:
-        lag = realtime_lag(generation, topic, config, time.time())
+        # The same watermark lag the switch decides on, not a second definition of it.
+        mark = watermark_lag(generation, topic, config, time.time())
+        lag = realtime_lag(generation, topic.latest_offsets(), mark, config)
     status.offset_lag = lag.per_bucket
     status.input_lag_s = lag.input_lag_s
     if progress:

@@ -131,12 +131,11 @@ def status(defs_yaml: Path) -> None:
             )
         Console().print(table)
         lag = watermark_lag(generation, topic, config, now)
+        where = progress.describe()
         if history[-1].phase == "realtime":
-            console.print(
-                realtime_where(history[-1].changed_at, realtime_lag(generation, topic, config, now))
-            )
-        else:
-            console.print(progress.describe())
+            behind = realtime_lag(generation, topic.latest_offsets(), lag, config)
+            where = realtime_where(history[-1].changed_at, behind)
+        console.print(where)
     threshold = config.backlog.watermark_lag_threshold
     console.print(
         f"{lag.describe()}"
