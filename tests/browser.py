@@ -59,11 +59,11 @@ def page_showing(
 ) -> str:
     """Open ``url`` and wait until its text holds every string of ``expected``; the text.
 
-    Dagster's first-visit dialog is skipped. The page is reloaded every 5 s, as a
+    Dagster's first-visit dialog is skipped. The page is reloaded every 3 s, as a
     reader would, so that observations that arrive meanwhile show.
     """
     browser.get(url)
-    deadline, reload_at = time.monotonic() + timeout, time.monotonic() + 5
+    deadline, reload_at = time.monotonic() + timeout, time.monotonic() + 3
     text = ""
     while time.monotonic() < deadline:
         for button in browser.find_elements(By.XPATH, "//button[normalize-space()='Skip']"):
@@ -74,15 +74,21 @@ def page_showing(
             return text
         if time.monotonic() >= reload_at:
             browser.refresh()
-            reload_at = time.monotonic() + 5
+            reload_at = time.monotonic() + 3
         time.sleep(0.5)
     missing = [e for e in expected if e not in text]
     raise AssertionError(f"{url} did not show {missing} within {timeout:g} s; it showed:\n{text}")
 
 
-def screenshot(browser: webdriver.Chrome, folder: Path, name: str) -> Path:
+def screenshot(
+    browser: webdriver.Chrome, folder: Path, name: str, scroll_to: str | None = None
+) -> Path:
     """Save what the browser shows as ``<name>.png`` (in ``$BACKLOG_DAGSTER_SCREENSHOTS``
-    when set, else in ``folder``)."""
+    when set, else in ``folder``), first scrolled to the heading ``scroll_to``."""
+    if scroll_to is not None:
+        heading = browser.find_element(By.XPATH, f"//*[normalize-space()='{scroll_to}']")
+        browser.execute_script("arguments[0].scrollIntoView();", heading)
+        time.sleep(0.5)
     target = Path(os.environ.get(SCREENSHOTS_ENV, folder))
     target.mkdir(parents=True, exist_ok=True)
     path = target / f"{name}.png"
