@@ -2,9 +2,11 @@
 glance.
 
 Every observation carries a one-line description (the Events list shows it) and the same
-three keys, ``phase``, ``phase_since`` and ``generation``, so the asset's overview, which
-shows the latest value of each metadata key, says where the pipeline is without opening
-an event. Per-bucket values are tables; durations are written out; counts are numbers.
+four keys, ``phase``, ``phase_since``, ``generation`` and ``where``, so the asset's
+overview, which shows the latest value of each metadata key while the asset has no
+materialization (Dagster 1.13 shows the newest materialization's metadata once it has
+one), says where the pipeline is without opening an event. Per-bucket values are tables;
+durations are written out; counts are numbers.
 """
 
 from __future__ import annotations
@@ -28,11 +30,15 @@ if TYPE_CHECKING:
     from backlog_dagster.sink import Sink
 
 
-def phase_metadata(phase: str, since: float, generation: int) -> dict[str, dg.MetadataValue]:
+def phase_metadata(
+    phase: str, since: float, generation: int, where: str
+) -> dict[str, dg.MetadataValue]:
+    """The keys every observation carries: where the pipeline is."""
     return {
         "phase": dg.MetadataValue.text(phase),
         "phase_since": dg.MetadataValue.timestamp(since),
         "generation": dg.MetadataValue.int(generation),
+        "where": dg.MetadataValue.text(where),
     }
 
 
@@ -43,10 +49,7 @@ def phase_observation(
     return dg.AssetObservation(
         asset_key=key,
         description=where,
-        metadata={
-            **phase_metadata(phase, since, generation),
-            "where": dg.MetadataValue.text(where),
-        },
+        metadata=phase_metadata(phase, since, generation, where),
     )
 
 
@@ -56,8 +59,7 @@ def backlog_observation(
     """The backlog's progress while a run works: done of total, per bucket, rate, ETA."""
     where = progress.describe()
     metadata = {
-        **phase_metadata("backlog", since, progress.generation),
-        "where": dg.MetadataValue.text(where),
+        **phase_metadata("backlog", since, progress.generation, where),
         "percent_done": dg.MetadataValue.float(round(progress.percent, 1)),
         "records_done": dg.MetadataValue.int(progress.done),
         "records_total": dg.MetadataValue.int(progress.total),
@@ -107,8 +109,7 @@ def realtime_observation(
     if status.late_records or status.bad_records:
         where += f"; {status.late_records:,} late, {status.bad_records:,} bad records set aside"
     metadata: dict[str, dg.MetadataValue] = {
-        **phase_metadata("realtime", since, generation),
-        "where": dg.MetadataValue.text(where),
+        **phase_metadata("realtime", since, generation, where),
         "lag_records": dg.MetadataValue.int(lag.records),
         "records": dg.MetadataValue.int(status.records),
         "records_per_s": dg.MetadataValue.int(round(status.records_per_s)),

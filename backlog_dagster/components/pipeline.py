@@ -441,22 +441,16 @@ def keeps_up_check(pipeline: PipelineConfig) -> dg.AssetChecksDefinition:
     def keeps_up() -> dg.AssetCheckResult:
         from backlog_dagster.components.switch import keeps_up_verdict
         from backlog_dagster.phases.lag import watermark_lag
+        from backlog_dagster.phases.policy import over_threshold
         from backlog_dagster.source import open_source
 
         now = time.time()
-        threshold = pipeline.backlog.watermark_lag_threshold
         with open_sink(pipeline) as sink, open_source(pipeline) as topic:
             generation = sink.current_generation()
-            lag = None if generation is None else watermark_lag(generation, topic, pipeline, now)
-            over = None
-            if (
-                threshold is not None
-                and sink.phase() == "realtime"
-                and lag is not None
-                and lag.seconds is not None
-                and lag.seconds > threshold
-            ):
-                over = (lag.seconds, threshold)
+            lag = None
+            if generation is not None and sink.phase() == "realtime":
+                lag = watermark_lag(generation, topic, pipeline, now)
+            over = over_threshold(lag, pipeline)
             passed, description, count = keeps_up_verdict(
                 sink.phase_history(), now, watermark_over=over
             )

@@ -42,7 +42,14 @@ from backlog_dagster.components.observations import (
 )
 from backlog_dagster.phases.lag import Lag, watermark_lag
 from backlog_dagster.phases.markers import continue_backlog, current_generation, extend_markers
-from backlog_dagster.phases.policy import FLAP_WINDOW_S, decide, flapping, lag_grew, way_backs
+from backlog_dagster.phases.policy import (
+    FLAP_WINDOW_S,
+    decide,
+    flapping,
+    lag_grew,
+    over_threshold,
+    way_backs,
+)
 from backlog_dagster.phases.progress import (
     backlog_progress,
     clock,
@@ -340,7 +347,7 @@ def _phase_events(
         change = history[index]
         said = f"{change.phase} since {clock(change.changed_at)}: {change.cause}"
         metadata: dict[str, Any] = {
-            **phase_metadata(change.phase, change.changed_at, change.generation),
+            **phase_metadata(change.phase, change.changed_at, change.generation, said),
             "event": "RecordAttributes",
             "is_backlog": change.phase == "backlog",
             "cause": change.cause,
@@ -471,16 +478,9 @@ def _where(
         samples.append([now, lag.records])
     cursor["lag_samples"] = samples
     growth = None
-    if lag_grew([(t, n) for t, n in samples], window, now):
+    if lag_grew(samples, window, now):
         growth = (samples[0][1], samples[-1][1])
-    threshold = config.backlog.watermark_lag_threshold
-    over = None
-    if (
-        threshold is not None
-        and lag.watermark_lag_s is not None
-        and lag.watermark_lag_s > threshold
-    ):
-        over = (lag.watermark_lag_s, threshold)
+    over = over_threshold(mark, config)
     evaluation = keeps_up(history, asset_of["realtime"], now, growth, over)
     reported = cursor.get("keeps_up")
     if (

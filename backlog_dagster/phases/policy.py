@@ -45,15 +45,17 @@ class Decision:
     lag_above_since: float | None
 
 
-def lag_says_backlog(lag: Lag | None, config: PipelineConfig) -> bool:
+def over_threshold(lag: Lag | None, config: PipelineConfig) -> tuple[float, float] | None:
+    """The watermark lag and the threshold (s) when a threshold is set and the lag is
+    above it; else None."""
     threshold = config.backlog.watermark_lag_threshold
-    return (
-        threshold is not None
-        and lag is not None
-        and not lag.idle
-        and lag.seconds is not None
-        and lag.seconds > threshold
-    )
+    if threshold is None or lag is None or lag.seconds is None or lag.seconds <= threshold:
+        return None
+    return lag.seconds, threshold
+
+
+def lag_says_backlog(lag: Lag | None, config: PipelineConfig) -> bool:
+    return lag is not None and not lag.idle and over_threshold(lag, config) is not None
 
 
 def way_backs(history: Sequence[PhaseChange], now: float) -> int:

@@ -176,9 +176,6 @@ class RealtimeLag:
     #: Now less the latest event time committed (the watermark lag net of the allowed
     #: lateness); None before any commit.
     input_lag_s: float | None
-    #: The pipeline's watermark (µs since the epoch) and its lag (s), if it has one.
-    watermark_us: int | None = None
-    watermark_lag_s: float | None = None
 
     def describe(self) -> str:
         """``lag 0.8 s of input (12,345 records)``."""
@@ -202,5 +199,4 @@ def realtime_lag(
     per_bucket = {b: max(0, end - reached.get(b, 0)) for b, end in latest.items()}
     seconds = None if mark is None else mark.seconds
     input_lag = None if seconds is None else seconds - lateness_us(config) / 1_000_000
-    watermark_us = None if mark is None else mark.watermark_us
-    return RealtimeLag(sum(per_bucket.values()), per_bucket, input_lag, watermark_us, seconds)
+    return RealtimeLag(sum(per_bucket.values()), per_bucket, input_lag)

@@ -315,5 +315,5 @@ def _refresh(
     if progress:
         status.records_per_s = float(progress.get("processedRowsPerSecond") or 0.0)
         status.batches = status.batches_before_restart + int(progress.get("batchId", -1)) + 1
-    if lag.watermark_us is not None:
-        status.watermark = datetime.fromtimestamp(lag.watermark_us / 1e6, UTC).isoformat()
+    if mark.watermark_us is not None:
+        status.watermark = datetime.fromtimestamp(mark.watermark_us / 1e6, UTC).isoformat()
