@@ -83,9 +83,8 @@ class BacklogReport:
     spark_settings: dict[str, str] = field(default_factory=dict)
     #: When the first chunk began (Unix s): the run's reading rate counts from there.
     reading_since: float | None = None
-    #: The chunk under way, per bucket its start and end offsets (empty between chunks).
-    chunk_start: dict[int, int] = field(default_factory=dict)
-    chunk_end: dict[int, int] = field(default_factory=dict)
+    #: The chunk under way: per bucket its start and its end offsets (None between chunks).
+    chunk: tuple[dict[int, int], dict[int, int]] | None = None
 
     @property
     def records_per_second(self) -> float:
@@ -186,15 +185,12 @@ def publishing_progress(
             held.popleft()
         (first_at, first), (last_at, last) = held[0], held[-1]
         arrival = (last - first) / (last_at - first_at) if last_at > first_at else 0.0
-        share = tasks_done() if report.chunk_end else None
-        in_flight = (
-            {
-                b: int((report.chunk_end[b] - start) * share)
-                for b, start in report.chunk_start.items()
-            }
-            if share is not None
-            else {}
-        )
+        chunk = report.chunk  # one read: the run replaces it whole
+        share = None if chunk is None else tasks_done()
+        in_flight = {}
+        if chunk is not None and share is not None:
+            start, end = chunk
+            in_flight = {b: int((end[b] - low) * share) for b, low in start.items()}
         progress = RunProgress(
             run_id=run_id,
             generation=report.generation,
@@ -254,11 +250,11 @@ def _read_to_markers(
         end = _within_held(config, start, {b: start[b] + grant[str(b)] for b in start})
         chunk_started = time.monotonic()
         report.reading_since = report.reading_since or time.time()
-        report.chunk_start, report.chunk_end = start, end
+        report.chunk = (start, end)
         try:
             aggregated, event_times = _aggregate(spark, config, start, end)
         except Exception:
-            report.chunk_start, report.chunk_end = {}, {}
+            report.chunk = None
             # A range may have vanished under the job (retention): say so, or skip it.
             with open_source(config) as topic:
                 if not removed_unread(generation, topic):
@@ -278,7 +274,7 @@ def _read_to_markers(
         )
         chunk_seconds = time.monotonic() - chunk_started
         chunk_records = sum(end[b] - start[b] for b in start)
-        report.chunk_start, report.chunk_end = {}, {}
+        report.chunk = None
         report.best_chunk_rate = max(
             report.best_chunk_rate, chunk_records / max(chunk_seconds, 1e-3)
         )
