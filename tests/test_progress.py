@@ -126,3 +126,31 @@ def test_keeps_up_says_what_failed_and_what_to_do() -> None:
     assert "more resources" in description
     passed, description, _ = keeps_up_verdict(history, 100.0, watermark_over=(50.0, 45.0))
     assert not passed and "watermark lag (50 s) is over the threshold (45 s)" in description
+
+
+def test_the_realtime_runs_last_status_says_where_the_pipeline_went(tmp_path: Path) -> None:
+    from backlog_dagster.components.observations import (
+        backlog_finished_metadata,
+        realtime_ended_metadata,
+    )
+    from backlog_dagster.phases.realtime import RealtimeStatus
+
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    status = RealtimeStatus(records=5, offsets={0: 10}, offset_lag={0: 2}, input_lag_s=1.5)
+    with open_sink(config) as sink:
+        first = sink.start_generation({0: (0, 10)}, "first start", "d")
+        sink.record_phase(first.number, "backlog", "first start")
+        done = backlog_finished_metadata(sink, first.number, 1_234_567, 75)
+        assert done["phase"].value == "backlog"
+        assert "1,234,567 records in 1 min 15 s" in str(done["where"].value)
+        sink.record_phase(first.number, "realtime", "markers reached")
+        running = realtime_ended_metadata(status, sink)
+        assert running["phase"].value == "realtime"
+        assert str(running["where"].value).startswith("realtime since ")
+        back = sink.continue_generation({0: 20}, "watermark lag 50 s above the threshold")
+        assert back is not None
+        ended = realtime_ended_metadata(status, sink)
+        assert (ended["phase"].value, ended["generation"].value) == ("backlog", back.number)
+        assert "watermark lag 50 s above the threshold" in str(ended["where"].value)
+        # The run's own figures stay beside the phase.
+        assert ended["lag_records"].value == 2

@@ -106,6 +106,15 @@ def observations(instance: dg.DagsterInstance, asset: str, having: str) -> list[
     ]
 
 
+def materializations(instance: dg.DagsterInstance, asset: str, run_id: str = "") -> list[Any]:
+    """The metadata of ``asset``'s materializations (by ``run_id``'s run), newest first."""
+    return [
+        r.asset_materialization.metadata
+        for r in instance.fetch_materializations(dg.AssetKey(asset), limit=200).records
+        if r.asset_materialization is not None and run_id in ("", r.run_id)
+    ]
+
+
 def runs_of(instance: dg.DagsterInstance, job: str) -> list[dg.DagsterRun]:
     return list(instance.get_runs(filters=dg.RunsFilter(job_name=job)))
 
@@ -547,6 +556,17 @@ def stall_region_minutes_and_see_it_come_back(
     assert back[2] > LAG_THRESHOLD_S and f"above the threshold {LAG_THRESHOLD_S} s" in back[3]
     # The stalled run ended by itself once it could see its generation was replaced.
     assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.SUCCESS  # type: ignore[union-attr]
+    # The realtime asset's overview shows its newest materialization's metadata: the
+    # stalled run's last one says the pipeline went back, the next run's say realtime.
+    ended = materializations(instance, "region_minutes_realtime", run.run_id)[0]
+    assert ended["phase"].value == "backlog" and ended["generation"].value == back[0]
+    wait_until(
+        lambda: (
+            materializations(instance, "region_minutes_realtime")[0]["phase"].value == "realtime"
+        ),
+        120,
+        "the next realtime run's status on the realtime asset",
+    )
     observed = observations(instance, "region_minutes_backlog", "is_backlog")
     assert any(m["generation"].value == back[0] and "watermark_lag_s" in m for m in observed)
     # While the stalled run went on, the sensor said realtime did not keep up: a warning

@@ -1,12 +1,12 @@
-"""What the pipeline's assets show in Dagster's UI: observations a reader takes in at a
-glance.
+"""What the pipeline's assets show in Dagster's UI: events a reader takes in at a glance.
 
-Every observation carries a one-line description (the Events list shows it) and the same
-four keys, ``phase``, ``phase_since``, ``generation`` and ``where``, so the asset's
-overview, which shows the latest value of each metadata key while the asset has no
-materialization (Dagster 1.13 shows the newest materialization's metadata once it has
-one), says where the pipeline is without opening an event. Per-bucket values are tables;
-durations are written out; counts are numbers.
+Every event carries a one-line description (the Events list shows it) and the same four
+keys, ``phase``, ``phase_since``, ``generation`` and ``where``, so the asset's overview
+says where the pipeline is without opening an event. That overview shows the newest
+materialization's metadata once the asset has one (Dagster 1.13), observations only
+before: so the realtime run's status is a materialization (its commits do change the
+results), and its last one says where the pipeline went when the run ended. Per-bucket
+values are tables; durations are written out; counts are numbers.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import dagster as dg
 from backlog_dagster.phases.progress import (
     BacklogProgress,
     RealtimeLag,
+    clock,
     readable_duration,
     realtime_where,
 )
@@ -97,9 +98,23 @@ def backlog_observation(
     return dg.AssetObservation(asset_key=key, description=where, metadata=metadata)
 
 
-def realtime_observation(
-    key: dg.AssetKey, status: RealtimeStatus, since: float, generation: int
-) -> dg.AssetObservation:
+def backlog_finished_metadata(
+    sink: Sink, generation: int, records: int, seconds: float
+) -> dict[str, dg.MetadataValue]:
+    """The phase keys of the backlog run's materialization, which its asset's overview
+    shows from then on: when it finished, what it read."""
+    history = sink.phase_history()
+    since = history[-1].changed_at if history else time.time()
+    where = (
+        f"backlog finished at {clock(time.time())}: {records:,} records in "
+        f"{readable_duration(seconds)}"
+    )
+    return phase_metadata("backlog", since, generation, where)
+
+
+def realtime_metadata(
+    status: RealtimeStatus, since: float, generation: int
+) -> dict[str, dg.MetadataValue]:
     """The realtime run's status: the lag net of the allowed lateness, in records and
     seconds of input, the rate, the records set aside; offsets per bucket as a table."""
     lag = RealtimeLag(sum(status.offset_lag.values()), status.offset_lag, status.input_lag_s)
@@ -123,7 +138,28 @@ def realtime_observation(
         metadata["lag_s"] = dg.MetadataValue.float(round(lag.input_lag_s, 3))
     if status.watermark is not None:
         metadata["watermark"] = dg.MetadataValue.text(status.watermark)
-    return dg.AssetObservation(asset_key=key, description=where, metadata=metadata)
+    return metadata
+
+
+def realtime_ended_metadata(status: RealtimeStatus, sink: Sink) -> dict[str, dg.MetadataValue]:
+    """The realtime run's last status, under the phase the pipeline is in as the run ends
+    (back in backlog, as a rule): what the realtime asset's overview goes on showing."""
+    since, generation = realtime_since(sink)
+    metadata = realtime_metadata(status, since, generation)
+    history = sink.phase_history()
+    if history and history[-1].phase != "realtime":
+        change = history[-1]
+        where = f"{change.phase} since {clock(change.changed_at)}: {change.cause}"
+        metadata |= phase_metadata(change.phase, change.changed_at, change.generation, where)
+    return metadata
+
+
+def realtime_since(sink: Sink) -> tuple[float, int]:
+    """Since when the pipeline is in its current phase, and its generation."""
+    history = sink.phase_history()
+    generation = sink.current_generation()
+    since = history[-1].changed_at if history else time.time()
+    return since, 0 if generation is None else generation.number
 
 
 def _offsets_table(offsets: dict[int, int], lag: dict[int, int]) -> dg.TableMetadataValue:
@@ -143,9 +179,9 @@ def realtime_reporter(
     key: dg.AssetKey,
     sink: Sink,
     report_every: float,
-    log_event: Callable[[dg.AssetObservation], None],
+    log_event: Callable[[dg.AssetMaterialization], None],
 ) -> Callable[[RealtimeStatus], None]:
-    """The realtime run's ``on_status``: an observation when something worth knowing
+    """The realtime run's ``on_status``: a materialization when something worth knowing
     changed (a bucket appeared, records were set aside as late or bad), else one every
     ``report_every`` seconds."""
     last: dict[str, Any] = {"at": -math.inf, "seen": None}
@@ -156,10 +192,8 @@ def realtime_reporter(
         if seen == last["seen"] and now - last["at"] < report_every:
             return
         last.update(at=now, seen=seen)
-        history = sink.phase_history()
-        generation = sink.current_generation()
-        since = history[-1].changed_at if history else time.time()
-        number = 0 if generation is None else generation.number
-        log_event(realtime_observation(key, status, since, number))
+        metadata = realtime_metadata(status, *realtime_since(sink))
+        description = str(metadata["where"].value)
+        log_event(dg.AssetMaterialization(key, description=description, metadata=metadata))
 
     return report

@@ -282,6 +282,7 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
     def backlog(
         context: dg.AssetExecutionContext, config: BacklogRunConfig
     ) -> dg.MaterializeResult:
+        from backlog_dagster.components.observations import backlog_finished_metadata
         from backlog_dagster.phases.backlog import run_backlog
 
         with (
@@ -301,7 +302,10 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
                     run_id=context.run.run_id,
                 )
                 in_table = sink.dead_letter_count()
-        metadata = report_metadata(report)
+                finished = backlog_finished_metadata(
+                    sink, report.generation, report.rows_read, report.seconds
+                )
+        metadata = finished | report_metadata(report)
         metadata["dead_letters_in_table"] = dg.MetadataValue.int(in_table)
         metadata["dead_letter_table"] = dg.MetadataValue.text(
             f"{pipeline.sink.describe()}_dead_letters"
@@ -360,7 +364,10 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
     ) -> Iterator[dg.MaterializeResult]:
         import shutil
 
-        from backlog_dagster.components.observations import realtime_reporter
+        from backlog_dagster.components.observations import (
+            realtime_ended_metadata,
+            realtime_reporter,
+        )
         from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG
         from backlog_dagster.phases.realtime import run_realtime
         from backlog_dagster.phases.standby import await_switch, warm_up
@@ -402,7 +409,7 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
 
                 # The run's spark_conf over the YAML's, so that the phase leaves its keys alone.
                 spark_conf = {**pipeline.realtime.spark_conf, **config.spark_conf}
-                run_realtime(
+                status = run_realtime(
                     spark,
                     pipeline.model_copy(
                         update={
@@ -421,7 +428,8 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
                     checkpoint_interval=config.checkpoint_interval,
                     shuffle_partitions=config.shuffle_partitions,
                 )
-            yield dg.MaterializeResult()
+                ended = realtime_ended_metadata(status, status_sink)
+            yield dg.MaterializeResult(metadata=ended)
         finally:
             shutil.rmtree(checkpoint, ignore_errors=True)
 
