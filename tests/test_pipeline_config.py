@@ -67,8 +67,9 @@ def make_project(root: Path, defs_yaml: str) -> Path:
     return path
 
 
-def dagster_validate(root: Path) -> subprocess.CompletedProcess[str]:
-    """``dagster definitions validate`` on the project ``make_project`` made under ``root``."""
+def dagster_validate(root: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``dagster definitions validate`` on the project ``make_project`` made under ``root``,
+    with ``env`` over this process's environment."""
     return subprocess.run(
         [
             str(Path(sys.executable).with_name("dagster")),
@@ -82,7 +83,7 @@ def dagster_validate(root: Path) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "DAGSTER_HOME": ""},
+        env={**os.environ, "DAGSTER_HOME": "", **env},
     )
 
 
@@ -276,21 +277,7 @@ def test_a_pipeline_that_does_not_fit_its_topic_is_refused_when_dagster_loads_it
     data = tmp_path / "data"
     make_topic(records=10, buckets=1, name="data/orders")
     defs = make_project(tmp_path / "project", MISFIT_YAML)
-    result = subprocess.run(
-        [
-            str(Path(sys.executable).with_name("dagster")),
-            "definitions",
-            "validate",
-            "-m",
-            "badproj.definitions",
-            "-d",
-            str(tmp_path / "project"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "DAGSTER_HOME": "", "BACKLOG_DAGSTER_DATA": str(data)},
-    )
+    result = dagster_validate(tmp_path / "project", BACKLOG_DAGSTER_DATA=str(data))
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert f"attributes.transform.keys.0 at {defs}:6" in output, output[-4000:]

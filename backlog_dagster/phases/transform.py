@@ -12,6 +12,8 @@ import pyarrow as pa
 
 from backlog_dagster.log.schema import SchemaError, parse_ddl, to_ddl, type_name
 from backlog_dagster.phases.bad_records import dead_letter, parse_problem
+from backlog_dagster.phases.user_function import FIELD as FUNCTION_FIELD
+from backlog_dagster.phases.user_function import FunctionError, apply_function, function_output
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.results import WINDOW_END, WINDOW_START, Partial, layout_of
 from backlog_dagster.source import Payload, Source
@@ -97,8 +99,9 @@ def check_against_source(config: PipelineConfig, topic: Source) -> None:
 
 
 def source_problems(config: PipelineConfig, topic: Source) -> list[Problem]:
-    """What in the pipeline does not fit its source's columns: known without Spark, so
-    Dagster refuses it when it loads the file."""
+    """What in the pipeline does not fit its source's columns: known without a run's
+    Spark (a user's function's columns come from a local Spark of their own, once, see
+    ``phases.user_function``), so Dagster refuses it when it loads the file."""
     try:
         source = source_schema(config, topic)
     except TransformError as error:
@@ -124,14 +127,24 @@ def source_problems(config: PipelineConfig, topic: Source) -> list[Problem]:
                 "transform.columns",
             )
         )
+    if problems:
+        return problems
+    of_what, listed = "the source", "the source's columns"
+    if transform.function is not None:
+        try:
+            source = _function_columns(config, topic, source)
+        except FunctionError as error:
+            return [Problem(FUNCTION_FIELD, str(error))]
+        of_what, listed = f"what {transform.function} returns", "its columns"
+        columns = ", ".join(source.names)
     known = set(source.names) | set(transform.columns)
     for index, key in enumerate(transform.keys):
         if key not in known:
             problems.append(
                 Problem(
                     f"transform.keys.{index}",
-                    f"{key!r} is not a column of the source nor one of transform.columns; "
-                    f"the source's columns: {columns}",
+                    f"{key!r} is not a column of {of_what} nor one of transform.columns; "
+                    f"{listed}: {columns}",
                 )
             )
     for index, aggregation in enumerate(transform.aggregations):
@@ -143,8 +156,8 @@ def source_problems(config: PipelineConfig, topic: Source) -> list[Problem]:
             problems.append(
                 Problem(
                     where,
-                    f"{column!r} is not a column of the source nor one of transform.columns; "
-                    f"the source's columns: {columns}",
+                    f"{column!r} is not a column of {of_what} nor one of transform.columns; "
+                    f"{listed}: {columns}",
                 )
             )
         elif aggregation.function in NUMERIC_INPUT and not _is_numeric(source.field(column).type):
@@ -152,6 +165,51 @@ def source_problems(config: PipelineConfig, topic: Source) -> list[Problem]:
                 Problem(where, _not_numeric(aggregation.function, column, source.field(column)))
             )
     return problems
+
+
+def function_input_ddl(config: PipelineConfig, topic: Source, source: pa.Schema) -> str:
+    """The columns the user's function receives: the record's, its bucket and offset, and
+    for a JSON topic the columns that hold a record that did not parse."""
+    metadata = {BUCKET_COLUMN: "INT", OFFSET_COLUMN: "BIGINT"}
+    if topic.payload is Payload.JSON:
+        metadata |= {CORRUPT_COLUMN: "STRING", ERROR_COLUMN: "STRING"}
+    extra = [f"{name} {kind}" for name, kind in metadata.items() if name not in source.names]
+    return ", ".join([to_ddl(source), *extra])
+
+
+def _function_columns(config: PipelineConfig, topic: Source, source: pa.Schema) -> pa.Schema:
+    """What the user's function returns, as an Arrow schema for the checks here."""
+    assert config.transform.function is not None
+    ddl = function_input_ddl(config, topic, source)
+    event_time = config.source.event_time
+    keep = tuple(n for n in parse_ddl(ddl).names if n.startswith("_") or n == event_time)
+    output = function_output(config.transform.function, ddl, keep)
+    return pa.schema([pa.field(name, _arrow_type(kind)) for name, kind in output.columns])
+
+
+#: Spark's simple type names as Arrow types, for the checks (a type not here is taken
+#: as text: neither a number nor a timestamp).
+_ARROW_TYPES = {
+    "tinyint": pa.int8(),
+    "smallint": pa.int16(),
+    "int": pa.int32(),
+    "bigint": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "boolean": pa.bool_(),
+    "date": pa.date32(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "timestamp_ntz": pa.timestamp("us"),
+    "binary": pa.binary(),
+}
+_DECIMAL = re.compile(r"^decimal\((\d+),(\d+)\)$")
+
+
+def _arrow_type(spark_type: str) -> pa.DataType:
+    decimal = _DECIMAL.match(spark_type)
+    if decimal:
+        return pa.decimal128(int(decimal[1]), int(decimal[2]))
+    return _ARROW_TYPES.get(spark_type, pa.string())
 
 
 #: Aggregate functions whose input must be a number (min and max take any ordered type).
@@ -197,6 +255,12 @@ def partial_results(records: DataFrame, config: PipelineConfig) -> DataFrame:
     from pyspark.sql.types import NumericType
 
     transform = config.transform
+    if transform.function is not None:
+        with _naming(FUNCTION_FIELD, transform.function):
+            try:
+                records = apply_function(records, transform.function)
+            except FunctionError as error:
+                raise TransformError(Problem(FUNCTION_FIELD, str(error))) from None
     parsed = parse_problem(records)
     if transform.filter:
         keep = F.expr(transform.filter)

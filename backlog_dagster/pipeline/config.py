@@ -361,6 +361,14 @@ class Aggregation(Frozen):
 
 
 class TransformConfig(Frozen):
+    function: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="Your own PySpark, as package.module:name: a function from DataFrame to "
+        "DataFrame applied to the records first (before filter, columns, keys and "
+        "aggregations), in both phases. It must work record by record and keep the "
+        "columns whose names begin with an underscore.",
+    )
     filter: str | None = Field(None, description="Keep records where this SQL predicate holds.")
     columns: dict[str, str] = Field(
         default_factory=dict, description="Derived columns: name → SQL expression."
