@@ -34,12 +34,14 @@ from backlog_dagster.log.schema import TIMESTAMP
 from backlog_dagster.phases.bad_records import BadRecord, collect, refuse_bad_records
 from backlog_dagster.phases.lag import lateness_us, watermark_lag
 from backlog_dagster.phases.transform import (
+    LateWindows,
+    earliest_window_end,
     observe_buckets,
     partial_results,
-    window_end,
+    window_ends,
 )
 from backlog_dagster.phases.watermark import arrival_watermarks, judged_by_arrival
-from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.pipeline.config import PipelineConfig, WindowConfig
 from backlog_dagster.sink import (
     Generation,
     GenerationEnded,
@@ -115,8 +117,8 @@ class MicroBatchCommit:
         config = self.config
         start, end = batch_range(Path(self.checkpoint), batch_id, self.starting)
         observed, seen = observe_buckets(batch, config, sorted(end))
-        on_time, late = _split_late(observed, config, held)
-        aggregated = collect(partial_results(on_time, config))
+        on_time, late, late_windows = _split_late(observed, config, held)
+        aggregated = collect(partial_results(on_time, config, late_windows))
         try:
             refuse_bad_records(config, aggregated.dead_letters)
         except BadRecord as bad:
@@ -228,8 +230,13 @@ def _await_own_lock(sink: Sink, holder: str, pipeline: str) -> None:
 
 def _split_late(
     batch: DataFrame, config: PipelineConfig, held: Generation
-) -> tuple[DataFrame, pa.Table | None]:
+) -> tuple[DataFrame, pa.Table | None, LateWindows | None]:
     """Records whose window was open, and (as Arrow) those it was not (``phases.realtime``).
+
+    With sliding windows a record falls in several, and is late only for those that had
+    closed: it stays in the batch, counting in the others, and the closed ones are
+    returned by bucket and window end, for ``partial_results`` to leave out; the late
+    table has each record that missed at least one window, once.
 
     ``held`` is the generation as committed before this batch: the batch starts at its
     progress, so the appends from there on are all it can hold. A record can only be
@@ -239,8 +246,9 @@ def _split_late(
     """
     from pyspark.sql import functions as F
 
-    if config.transform.window is None:
-        return batch, None
+    window = config.transform.window
+    if window is None:
+        return batch, None, None
     with open_source(config) as topic:
         by_arrival = judged_by_arrival(config, topic)
         if by_arrival:
@@ -256,8 +264,8 @@ def _split_late(
             marks = {} if committed is None else {ANY_ARRIVAL: committed}
     highest = max((m for m in marks.values() if m is not None), default=None)
     if highest is None:
-        return batch, None
-    ends = window_end(config)
+        return batch, None, None
+    ends = earliest_window_end(config)
     # A record without an event time is not late: it goes on to the dead-letter table.
     maybe = F.coalesce(ends <= F.timestamp_micros(F.lit(highest)), F.lit(False))
     arrival = F.unix_micros(F.col(APPENDED_COLUMN)) if by_arrival else F.lit(ANY_ARRIVAL)
@@ -275,9 +283,12 @@ def _split_late(
     at_arrival = pa.array([marks.get(t) for t in candidates["appended_at"].to_pylist()], pa.int64())
     closed = pc.fill_null(pc.less_equal(candidates["window_end"], at_arrival), False)
     late = candidates.append_column("watermark", at_arrival.cast(TIMESTAMP)).filter(closed)
+    if window.sliding:
+        closed_windows = _closed(late, window)
+        return batch, late.select(["bucket", "offset", "event_time", "watermark"]), closed_windows
     late = late.select(["bucket", "offset", "event_time", "watermark"])
     if late.num_rows == 0:
-        return batch, late
+        return batch, late, None
     by_bucket: dict[int, list[int]] = {}
     for bucket, offset in zip(late["bucket"].to_pylist(), late["offset"].to_pylist(), strict=True):
         by_bucket.setdefault(bucket, []).append(offset)
@@ -288,7 +299,20 @@ def _split_late(
             for b, offsets in by_bucket.items()
         ],
     )
-    return batch.where(~(maybe & is_late)), late
+    return batch.where(~(maybe & is_late)), late, None
+
+
+def _closed(late: pa.Table, window: WindowConfig) -> LateWindows:
+    """Per (bucket, window end), the offsets of the late records whose window it was."""
+    closed: dict[tuple[int, int], list[int]] = {}
+    event_times = late["event_time"].cast(pa.int64()).to_pylist()
+    watermarks = late["watermark"].cast(pa.int64()).to_pylist()
+    rows = zip(late["bucket"].to_pylist(), late["offset"].to_pylist(), strict=True)
+    for (bucket, offset), at, mark in zip(rows, event_times, watermarks, strict=True):
+        for end in window_ends(at, window):
+            if end <= mark:
+                closed.setdefault((bucket, end), []).append(offset)
+    return closed
 
 
 #: Where lateness is judged at the committed progress: one watermark for every record.

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import math
+import operator
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -11,10 +14,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from backlog_dagster.log.schema import SchemaError, parse_ddl, to_ddl, type_name
-from backlog_dagster.phases.bad_records import dead_letter, parse_problem
+from backlog_dagster.phases.bad_records import DEAD_LETTER, dead_letter, parse_problem
 from backlog_dagster.phases.user_function import FIELD as FUNCTION_FIELD
 from backlog_dagster.phases.user_function import FunctionError, apply_function, function_output
-from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.pipeline.config import PipelineConfig, WindowConfig
 from backlog_dagster.pipeline.results import WINDOW_END, WINDOW_START, Partial, layout_of
 from backlog_dagster.source import Payload, Source
 from backlog_dagster.spark.records import (
@@ -245,11 +248,14 @@ def _naming(field: str, expression: str) -> Iterator[None]:
         raise TransformError(Problem(field, f"Spark cannot use {expression!r}: {reason}")) from None
 
 
-def partial_results(records: DataFrame, config: PipelineConfig) -> DataFrame:
+def partial_results(
+    records: DataFrame, config: PipelineConfig, late_windows: LateWindows | None = None
+) -> DataFrame:
     """Filter, derive, (window,) group by the keys and compute each partial aggregate.
 
     Bad records come out as rows of their own (see ``phases.bad_records``); a filter
-    never drops a record that did not parse.
+    never drops a record that did not parse. ``late_windows``: the sliding windows some
+    records came too late for (``phases.micro_batch``), left out of their rows.
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import NumericType
@@ -270,11 +276,27 @@ def partial_results(records: DataFrame, config: PipelineConfig) -> DataFrame:
         with _naming(f"transform.columns.{name}", expression):
             records = records.withColumn(name, F.expr(expression))
     group: list[Column] = [F.col(k) for k in transform.keys]
-    if transform.window is not None:
-        size = f"{round(transform.window.size * 1_000_000)} microseconds"
-        window = F.window(F.col(config.source.event_time), size)
-        group += [window.start.alias(WINDOW_START), window.end.alias(WINDOW_END)]
-    group.append(dead_letter(records, config, parsed))
+    letter = dead_letter(records, config, parsed)
+    if transform.window is not None and transform.window.sliding:
+        # A row per window a record falls in; a bad record's rows are one dead letter.
+        size_us = round(transform.window.size * 1_000_000)
+        records = with_sliding_windows(records, config)
+        if late_windows:
+            records = records.where(~_in_windows(late_windows, size_us))
+        records = records.withColumn(DEAD_LETTER, letter)
+        good = F.col(DEAD_LETTER).isNull()
+        start = F.when(good, F.col(SLIDE_START))
+        group += [
+            F.timestamp_micros(start).alias(WINDOW_START),
+            F.timestamp_micros(start + F.lit(size_us)).alias(WINDOW_END),
+            F.col(DEAD_LETTER),
+        ]
+    else:
+        if transform.window is not None:
+            size = f"{round(transform.window.size * 1_000_000)} microseconds"
+            window = F.window(F.col(config.source.event_time), size)
+            group += [window.start.alias(WINDOW_START), window.end.alias(WINDOW_END)]
+        group.append(letter)
     for index, aggregation in enumerate(transform.aggregations):
         if aggregation.column is not None:
             field = f"transform.aggregations.{index}.column"
@@ -289,13 +311,68 @@ def partial_results(records: DataFrame, config: PipelineConfig) -> DataFrame:
     return records.groupBy(*group).agg(*aggregates)
 
 
-def window_end(config: PipelineConfig) -> Column:
-    """The end of the tumbling window each record falls in (windowed pipelines only)."""
+#: A sliding window's start (µs), on each of a record's rows, one row per window.
+SLIDE_START = "_slide_start"
+#: Per (bucket, window end in µs), the offsets of the records too late for that window.
+LateWindows = Mapping[tuple[int, int], Sequence[int]]
+
+
+def with_sliding_windows(records: DataFrame, config: PipelineConfig) -> DataFrame:
+    """A row per sliding window each record falls in, its start in ``SLIDE_START``.
+
+    Windows start at multiples of the slide, as Spark's ``window`` places them. Built
+    here rather than with ``window(…, slide)``, whose rows for a record without an event
+    time are filtered out: that record keeps one row (a null start), so it reaches the
+    dead-letter table."""
     from pyspark.sql import functions as F
 
-    assert config.transform.window is not None
-    size = f"{round(config.transform.window.size * 1_000_000)} microseconds"
-    return F.window(F.col(config.source.event_time), size).end
+    window = config.transform.window
+    assert window is not None and window.slide is not None
+    size_us, slide_us = round(window.size * 1_000_000), round(window.slide * 1_000_000)
+    at = F.unix_micros(F.col(config.source.event_time))
+    last = at - F.pmod(at, F.lit(slide_us))
+    earliest = last - F.lit((math.ceil(size_us / slide_us) - 1) * slide_us)
+    starts = F.filter(F.sequence(earliest, last, F.lit(slide_us)), lambda s: s + size_us > at)
+    return records.withColumn(SLIDE_START, F.explode_outer(starts))
+
+
+def window_ends(event_time_us: int, window: WindowConfig) -> list[int]:
+    """The ends (µs) of the windows a record of this event time falls in, earliest first."""
+    size_us = round(window.size * 1_000_000)
+    slide_us = round((window.slide or window.size) * 1_000_000)
+    last = event_time_us - event_time_us % slide_us
+    starts = range(last - (math.ceil(size_us / slide_us) - 1) * slide_us, last + 1, slide_us)
+    return [s + size_us for s in starts if s + size_us > event_time_us]
+
+
+def _in_windows(late: LateWindows, size_us: int) -> Column:
+    from pyspark.sql import functions as F
+
+    end = F.col(SLIDE_START) + F.lit(size_us)
+    conditions = []
+    for (bucket, window_end_us), offsets in late.items():
+        conditions.append(
+            (F.col(BUCKET_COLUMN) == bucket)
+            & (end == F.lit(window_end_us))
+            & F.col(OFFSET_COLUMN).isin(list(offsets))
+        )
+    return functools.reduce(operator.or_, conditions)
+
+
+def earliest_window_end(config: PipelineConfig) -> Column:
+    """The end of the first window each record falls in (windowed pipelines only): the
+    first that can close under a watermark."""
+    from pyspark.sql import functions as F
+
+    window = config.transform.window
+    assert window is not None
+    size_us = round(window.size * 1_000_000)
+    if not window.sliding:
+        return F.window(F.col(config.source.event_time), f"{size_us} microseconds").end
+    slide_us = round((window.slide or window.size) * 1_000_000)
+    at = F.unix_micros(F.col(config.source.event_time))
+    first_start = (F.floor((at - F.lit(size_us)) / F.lit(slide_us)) + 1) * F.lit(slide_us)
+    return F.timestamp_micros((first_start + F.lit(size_us)).cast("long"))
 
 
 def _partial(partial: Partial) -> Column:

@@ -337,10 +337,29 @@ class SourceConfig(Frozen):
 
 
 class WindowConfig(Frozen):
-    size: Duration = Field(gt=0, description="Tumbling event-time window length, e.g. '1m'.")
+    size: Duration = Field(gt=0, description="Event-time window length, e.g. '1m'.")
+    slide: Duration | None = Field(
+        None,
+        gt=0,
+        description="Sliding windows: a new window every slide (at most the size), each "
+        "record counting in every window it falls in. Left out: tumbling windows.",
+    )
     allowed_lateness: Duration = Field(
         0, ge=0, description="How late a record may be and still update its window."
     )
+
+    @model_validator(mode="after")
+    def _slide_within_size(self) -> WindowConfig:
+        if self.slide is not None and self.slide > self.size:
+            raise ValueError(
+                f"slide ({self.slide:g} s) is longer than size ({self.size:g} s): windows "
+                "would leave records out; make slide at most size"
+            )
+        return self
+
+    @property
+    def sliding(self) -> bool:
+        return self.slide is not None and self.slide != self.size
 
 
 AggregateFunction = Literal["count", "sum", "min", "max", "avg"]

@@ -1,0 +1,124 @@
+"""Sliding windows: each record counts in every window it falls in, in the backlog and in
+realtime, and a record late for some of its windows still counts in the others."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+from pydantic import ValidationError
+from pyspark.sql import SparkSession
+
+from backlog_dagster.log import Topic
+from backlog_dagster.phases.backlog import run_backlog
+from backlog_dagster.phases.transform import window_ends
+from backlog_dagster.pipeline.config import WindowConfig
+from backlog_dagster.sink import open_sink
+from tests.conftest import MakeTopic
+from tests.pipelines import assert_same, pipeline, records_up_to
+from tests.test_backlog import wait_for
+from tests.test_realtime import RealtimeThread, reached
+
+SIZE_S, SLIDE_S = 60, 20
+#: Keyed by a band that is null for large orders: those are dead letters, once each.
+SLIDING = {
+    "columns": {"band": "CASE WHEN amount > 500 THEN NULL ELSE region END"},
+    "keys": ["band"],
+    "window": {"size": f"{SIZE_S}s", "slide": f"{SLIDE_S}s", "allowed_lateness": "30s"},
+    "aggregations": [
+        {"name": "orders", "function": "count"},
+        {"name": "total_amount", "function": "sum", "column": "amount"},
+    ],
+}
+
+
+def sliding_oracle(records: pd.DataFrame, too_late: dict[int, int] | None = None) -> pd.DataFrame:
+    """Per band and window: count and sum, each record in each window it falls in but
+    those ``too_late`` (order id → watermark µs) came for (windows ending by then)."""
+    records = records[records["amount"] <= 500]
+    at = records["event_time"].astype("datetime64[us, UTC]").astype("int64")
+    size, slide = SIZE_S * 1_000_000, SLIDE_S * 1_000_000
+    last = at - at % slide
+    rows = []
+    for k in range(-(-size // slide)):
+        start = last - k * slide
+        inside = start + size > at
+        rows.append(records[inside].assign(start=start[inside]))
+    exploded = pd.concat(rows)
+    for order_id, mark in (too_late or {}).items():
+        closed = (exploded["order_id"] == order_id) & (exploded["start"] + size <= mark)
+        exploded = exploded[~closed]
+    starts = pd.to_datetime(exploded["start"], unit="us", utc=True)
+    return (
+        exploded.assign(window_start=starts.dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+        .rename(columns={"region": "band"})
+        .groupby(["band", "window_start"])
+        .agg(orders=("amount", "size"), total_amount=("amount", "sum"))
+        .reset_index()
+    )
+
+
+def test_a_record_falls_in_size_over_slide_windows() -> None:
+    window = WindowConfig.model_validate({"size": "60s", "slide": "20s"})
+    assert window_ends(65_000_000, window) == [80_000_000, 100_000_000, 120_000_000]
+    assert window_ends(60_000_000, window) == [80_000_000, 100_000_000, 120_000_000]
+    uneven = WindowConfig.model_validate({"size": "50s", "slide": "20s"})
+    assert window_ends(65_000_000, uneven) == [70_000_000, 90_000_000, 110_000_000]
+    tumbling = WindowConfig.model_validate({"size": "60s"})
+    assert window_ends(65_000_000, tumbling) == [120_000_000] and not tumbling.sliding
+    with pytest.raises(ValidationError, match="slide"):
+        WindowConfig.model_validate({"size": "20s", "slide": "60s"})
+
+
+def test_sliding_windows_in_backlog_then_realtime_equal_the_oracle(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(records=20_000, buckets=2)
+    config = pipeline(
+        tmp_path,
+        SLIDING,
+        name="bands",
+        backlog={"checkpoint_interval": 0.2},
+        realtime={"checkpoint_interval": 0.5},
+    )
+    with open_sink(config) as sink:
+        run_backlog(spark, config, sink, log=print)
+        results = sink.read_results().to_pandas()
+        letters = sink.read_dead_letters().to_pandas()
+    before = records_up_to(topic, topic.latest_offsets())
+    assert_same(results, sliding_oracle(before), ["band", "window_start"])
+    # A bad record is one dead letter, not one per window it falls in.
+    assert len(letters) == (before["amount"] > 500).sum() > 0
+    assert letters[["bucket", "offset"]].duplicated().sum() == 0
+
+    # In realtime: one record late for the first of its windows, one on time for all.
+    newest = before["event_time"].max()
+    partly = before.iloc[[0]].assign(order_id=10**9, event_time=newest - pd.Timedelta(seconds=55))
+    fully = before.iloc[[1]].assign(order_id=10**9 + 1, event_time=newest - pd.Timedelta(minutes=5))
+    fine = before.iloc[[2]].assign(order_id=10**9 + 2, event_time=newest - pd.Timedelta(seconds=5))
+    for row in (partly, fully, fine):
+        topic.append(0, pa.Table.from_pandas(row, preserve_index=False))
+    runner = RealtimeThread(spark, config, tmp_path / "checkpoint")
+    runner.start()
+    wait_for(lambda: reached(config) == topic.latest_offsets(), timeout=120)
+    runner.stop()
+    with open_sink(config) as sink:
+        late = sink.read_late().to_pandas()
+        results = sink.read_results().to_pandas()
+    end = topic.latest_offsets()[0]
+    assert sorted(late["offset"]) == [end - 3, end - 2]
+    marks = late.set_index("offset")["watermark"].astype("datetime64[us, UTC]").astype("int64")
+    with Topic(topic.path) as log:
+        everything = records_up_to(log, log.latest_offsets())
+    too_late = {10**9: int(marks[end - 3]), 10**9 + 1: int(marks[end - 2])}
+    oracle = sliding_oracle(everything, too_late)
+    assert_same(results, oracle, ["band", "window_start"])
+    # The partly late record still counts in its windows that were open.
+    partly_windows = window_ends(
+        int(pd.Timestamp(partly["event_time"].iloc[0]).value // 1000),
+        config.transform.window,  # type: ignore[arg-type]
+    )
+    assert any(e > too_late[10**9] for e in partly_windows)
+    assert any(e <= too_late[10**9] for e in partly_windows)
