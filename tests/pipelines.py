@@ -175,3 +175,62 @@ def records_not_late(topic: Topic, late: set[tuple[int, int]]) -> pd.DataFrame:
             offset += len(frame)
     records = pd.concat(frames, ignore_index=True)
     return records[~records["_key"].isin(late)]
+
+
+#: HLL with lg_config_k 12: relative standard error 1.04 / sqrt(4096), about 1.6 %;
+#: three of them.
+HLL_BOUND = 3 * 1.04 / 64
+#: KLL with k 200: the normalized rank error DataSketches gives for one quantile (99 %).
+KLL_RANK_BOUND = 0.0165
+
+
+def assert_sketched(config: PipelineConfig, records: pd.DataFrame, values: pd.Series) -> int:
+    """A pipeline keyed by region in sliding windows, with ``orders`` (count),
+    ``customers`` (count_distinct of customer_id) and quantiles of ``values`` named by its
+    last aggregation: counts exact, estimates within the sketches' documented bounds.
+    Returns the windows checked."""
+    import numpy as np
+
+    from backlog_dagster.sink import open_sink
+
+    window = config.transform.window
+    assert window is not None
+    with open_sink(config) as sink:
+        results = sink.read_results().to_pandas()
+    at = records["event_time"].astype("datetime64[us, UTC]").astype("int64")
+    size, slide = round(window.size * 1_000_000), round((window.slide or window.size) * 1e6)
+    last = at - at % slide
+    rows = []
+    for k in range(-(-size // slide)):
+        start = last - k * slide
+        inside = start + size > at
+        rows.append(
+            records[inside].assign(
+                window=pd.to_datetime(start[inside], unit="us", utc=True), value=values[inside]
+            )
+        )
+    exploded = pd.concat(rows)
+    results["window"] = pd.to_datetime(results["window_start"], utc=True)
+    exact = exploded.groupby(["region", "window"])
+    assert len(results) == exact.ngroups, (len(results), exact.ngroups, results.head())
+    quantiles = config.transform.aggregations[-1]
+    assert quantiles.quantiles is not None
+    for (region, start), group in exact:
+        row = results[(results["region"] == region) & (results["window"] == start)].iloc[0]
+        assert row["orders"] == len(group)
+        distinct = group["customer_id"].nunique()
+        assert abs(row["customers"] - distinct) <= max(1, HLL_BOUND * distinct), (row, distinct)
+        ordered = np.sort(group["value"].to_numpy())
+        for q, column in zip(quantiles.quantiles, quantiles.outputs, strict=True):
+            rank = np.searchsorted(ordered, row[column], side="right") / len(ordered)
+            assert abs(rank - q) <= KLL_RANK_BOUND + 1 / len(ordered), (column, rank, q)
+    return len(results)
+
+
+def assert_example_region_daily(data: Path, topic_path: Path) -> None:
+    """The example's region_daily table (SQLite, under ``data``) against the log: its
+    function adds 20 % tax to the amount it takes quantiles of."""
+    with Topic(topic_path) as topic:
+        records = records_up_to(topic, topic.latest_offsets())
+    config = example_config("region_daily", data)
+    assert assert_sketched(config, records, records["amount"] * 1.2) > 0

@@ -96,7 +96,7 @@ def test_dagster_definitions_validate_names_file_line_and_field(tmp_path: Path) 
         (
             "transform.aggregations.0.function",
             8,
-            "Input should be 'count', 'sum', 'min', 'max' or 'avg'",
+            "Input should be 'count', 'sum', 'min', 'max', 'avg', 'count_distinct' or 'quantiles'",
         ),
         ("sink.colour", 9, "Extra inputs are not permitted"),
         ("backlog.checkpoint_interval", 10, "Input should be greater than or equal to 0"),

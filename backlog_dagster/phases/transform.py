@@ -19,6 +19,7 @@ from backlog_dagster.phases.user_function import FIELD as FUNCTION_FIELD
 from backlog_dagster.phases.user_function import FunctionError, apply_function, function_output
 from backlog_dagster.pipeline.config import PipelineConfig, WindowConfig
 from backlog_dagster.pipeline.results import WINDOW_END, WINDOW_START, Partial, layout_of
+from backlog_dagster.pipeline.sketches import HLL_LG_CONFIG_K, KLL_K
 from backlog_dagster.source import Payload, Source
 from backlog_dagster.spark.records import (
     APPENDED_COLUMN,
@@ -216,7 +217,7 @@ def _arrow_type(spark_type: str) -> pa.DataType:
 
 
 #: Aggregate functions whose input must be a number (min and max take any ordered type).
-NUMERIC_INPUT = frozenset({"sum", "avg"})
+NUMERIC_INPUT = frozenset({"sum", "avg", "quantiles"})
 
 
 def _is_numeric(arrow_type: pa.DataType) -> bool:
@@ -379,6 +380,11 @@ def _partial(partial: Partial) -> Column:
     from pyspark.sql import functions as F
 
     value = F.lit(1) if partial.column is None else F.expr(partial.column)
+    if partial.function == "hll":
+        # Spark's HLL takes integers, text or bytes: text of any value, for one rule.
+        return F.hll_sketch_agg(value.cast("string"), HLL_LG_CONFIG_K).alias(partial.name)
+    if partial.function == "kll":
+        return F.kll_sketch_agg_double(value.cast("double"), KLL_K).alias(partial.name)
     function = {"count": F.count, "sum": F.sum, "min": F.min, "max": F.max}[partial.function]
     return function(value).alias(partial.name)
 

@@ -362,21 +362,41 @@ class WindowConfig(Frozen):
         return self.slide is not None and self.slide != self.size
 
 
-AggregateFunction = Literal["count", "sum", "min", "max", "avg"]
+AggregateFunction = Literal["count", "sum", "min", "max", "avg", "count_distinct", "quantiles"]
 
 
 class Aggregation(Frozen):
     name: Identifier = Field(description="Output column name.")
-    function: AggregateFunction = Field(description="count, sum, min, max or avg.")
+    function: AggregateFunction = Field(
+        description="count, sum, min, max, avg; count_distinct (an estimate, from a "
+        "HyperLogLog sketch) or quantiles (estimates, from a KLL sketch)."
+    )
     column: str | None = Field(
         None, description="Input column (or SQL expression); omit for count of records."
+    )
+    quantiles: list[Annotated[float, Field(gt=0, lt=1)]] | None = Field(
+        None,
+        min_length=1,
+        description="With function quantiles: which, e.g. [0.5, 0.99]; a column each, "
+        "named <name>_p50, <name>_p99.",
     )
 
     @model_validator(mode="after")
     def _column_needed(self) -> Aggregation:
         if self.function != "count" and self.column is None:
             raise ValueError(f"{self.function} needs a column")
+        if (self.function == "quantiles") != (self.quantiles is not None):
+            raise ValueError(
+                "quantiles: [0.5, 0.99] goes with function quantiles, and only with it"
+            )
         return self
+
+    @property
+    def outputs(self) -> list[str]:
+        """The result columns it makes: its name, or one per quantile (``name_p99``)."""
+        if self.quantiles is None:
+            return [self.name]
+        return [f"{self.name}_p{f'{q * 100:g}'.replace('.', '_')}" for q in self.quantiles]
 
 
 class TransformConfig(Frozen):
@@ -400,7 +420,7 @@ class TransformConfig(Frozen):
     def _distinct_names(self) -> TransformConfig:
         for name in self.columns:
             check_identifier(name)
-        names = [*self.keys, *(a.name for a in self.aggregations)]
+        names = [*self.keys, *(o for a in self.aggregations for o in a.outputs)]
         if self.window is not None:
             names += ["window_start", "window_end"]
         repeated = sorted({n for n in names if names.count(n) > 1})

@@ -15,7 +15,9 @@ from typing import Literal
 
 from backlog_dagster.pipeline.config import Aggregation, TransformConfig
 
-Merge = Literal["add", "min", "max"]
+#: ``sketch``: a HyperLogLog or KLL sketch, merged by a union in Python
+#: (``pipeline.sketches``) before the sink writes it, as SQL cannot.
+Merge = Literal["add", "min", "max", "sketch"]
 
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
@@ -26,9 +28,19 @@ class Partial:
     """A stored column: ``function`` over ``column`` per key and chunk, merged by ``merge``."""
 
     name: str
-    function: Literal["count", "sum", "min", "max"]
+    function: Literal["count", "sum", "min", "max", "hll", "kll"]
     column: str | None
     merge: Merge
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A column read from a sketch after each merge: the distinct count (``quantile``
+    None) or one quantile. Stored, so any reader of the table sees it."""
+
+    name: str
+    sketch: str
+    quantile: float | None = None
 
 
 @dataclass(frozen=True)
@@ -45,8 +57,9 @@ class ResultLayout:
     keys: tuple[str, ...]
     partials: tuple[Partial, ...]
     derived: tuple[Derived, ...]
-    #: The declared aggregations' names, in the order declared.
+    #: The declared aggregations' result columns, in the order declared.
     outputs: tuple[str, ...]
+    estimates: tuple[Estimate, ...] = ()
 
     @property
     def windowed(self) -> bool:
@@ -54,7 +67,11 @@ class ResultLayout:
 
     @property
     def stored_columns(self) -> tuple[str, ...]:
-        return (*self.keys, *(p.name for p in self.partials))
+        return (*self.keys, *(p.name for p in self.partials), *(e.name for e in self.estimates))
+
+    @property
+    def sketches(self) -> tuple[Partial, ...]:
+        return tuple(p for p in self.partials if p.merge == "sketch")
 
     @property
     def visible_columns(self) -> tuple[str, ...]:
@@ -69,12 +86,32 @@ def layout_of(transform: TransformConfig) -> ResultLayout:
     keys = tuple(transform.keys) + ((WINDOW_START, WINDOW_END) if transform.window else ())
     partials: list[Partial] = []
     derived: list[Derived] = []
+    estimates: list[Estimate] = []
     for aggregation in transform.aggregations:
+        if aggregation.function in ("count_distinct", "quantiles"):
+            sketch = _sketch(aggregation)
+            partials.append(sketch)
+            estimates += _estimates(aggregation, sketch)
+            continue
         partials_of, derived_of = _split(aggregation)
         partials += partials_of
         derived += derived_of
-    outputs = tuple(a.name for a in transform.aggregations)
-    return ResultLayout(keys, tuple(partials), tuple(derived), outputs)
+    outputs = tuple(o for a in transform.aggregations for o in a.outputs)
+    return ResultLayout(keys, tuple(partials), tuple(derived), outputs, tuple(estimates))
+
+
+def _sketch(aggregation: Aggregation) -> Partial:
+    kind: Literal["hll", "kll"] = "hll" if aggregation.function == "count_distinct" else "kll"
+    return Partial(f"_{aggregation.name}_{kind}", kind, aggregation.column, "sketch")
+
+
+def _estimates(aggregation: Aggregation, sketch: Partial) -> list[Estimate]:
+    if aggregation.quantiles is None:
+        return [Estimate(aggregation.name, sketch.name)]
+    return [
+        Estimate(output, sketch.name, quantile)
+        for output, quantile in zip(aggregation.outputs, aggregation.quantiles, strict=True)
+    ]
 
 
 def _split(aggregation: Aggregation) -> tuple[list[Partial], list[Derived]]:
@@ -85,4 +122,5 @@ def _split(aggregation: Aggregation) -> tuple[list[Partial], list[Derived]]:
             [Partial(total, "sum", column, "add"), Partial(count, "count", column, "add")],
             [Derived(name, f'CASE WHEN "{count}" > 0 THEN "{total}" * 1.0 / "{count}" END')],
         )
+    assert function in ("count", "sum", "min", "max")
     return [Partial(name, function, column, _MERGE[function])], []

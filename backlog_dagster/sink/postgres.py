@@ -44,6 +44,7 @@ from tenacity import (
 )
 
 from backlog_dagster.pipeline.results import WINDOW_END, WINDOW_START, ResultLayout
+from backlog_dagster.pipeline.sketches import merge_sketches, with_estimate_columns
 from backlog_dagster.sink.base import (
     DEAD_LETTER_COLUMNS,
     BucketState,
@@ -563,8 +564,14 @@ class PostgresSink(ResultTables):
         if results.num_rows == 0:
             return
         layout = self.layout
+        if layout.sketches:
+            results = with_estimate_columns(results, layout)
         stored = results.select(layout.stored_columns)
-        if not self._results_exist(cursor):
+        exists = self._results_exist(cursor)
+        if layout.sketches:
+            held = self._held_sketches(cursor, stored) if exists else pa.table({})
+            stored = merge_sketches(stored, held, layout)
+        if not exists:
             self._create_results(cursor, stored.schema)
         staging = sql.Identifier(f"staging_{self.table}")
         cursor.execute(
@@ -577,6 +584,8 @@ class PostgresSink(ResultTables):
             )
         )
         self._copy(cursor, staging, stored)
+        updates = [_merge_sql(p.name, p.merge) for p in layout.partials]
+        updates += [_merge_sql(e.name, "sketch") for e in layout.estimates]
         names = sql.SQL(", ").join(sql.Identifier(c) for c in layout.stored_columns)
         cursor.execute(
             sql.SQL(
@@ -587,12 +596,44 @@ class PostgresSink(ResultTables):
                 names=names,
                 staging=staging,
                 keys=sql.SQL(", ").join(sql.Identifier(k) for k in layout.keys),
-                updates=sql.SQL(", ").join(_merge_sql(p.name, p.merge) for p in layout.partials),
+                updates=sql.SQL(", ").join(updates),
             )
         )
 
+    def _held_sketches(self, cursor: psycopg.Cursor[Any], results: pa.Table) -> pa.Table:
+        """The keys and sketches the table holds for ``results``' keys."""
+        keys = list(self.layout.keys)
+        columns = [*keys, *(p.name for p in self.layout.sketches)]
+        wanted = sql.Identifier(f"sketch_keys_{self.table}")
+        cursor.execute(
+            sql.SQL("CREATE TEMPORARY TABLE {} ({}) ON COMMIT DROP").format(
+                wanted,
+                sql.SQL(", ").join(
+                    sql.SQL("{} {}").format(
+                        sql.Identifier(k), sql.SQL(_pg_type(results.schema.field(k).type))
+                    )
+                    for k in keys
+                ),
+            )
+        )
+        self._copy(cursor, wanted, results.select(keys))
+        cursor.execute(
+            sql.SQL("SELECT {} FROM {} AS held JOIN {} USING ({})").format(
+                sql.SQL(", ").join(sql.SQL("held.{}").format(sql.Identifier(c)) for c in columns),
+                self._name(self.table),
+                wanted,
+                sql.SQL(", ").join(sql.Identifier(k) for k in keys),
+            )
+        )
+        rows = cursor.fetchall()
+        return pa.table({c: [row[i] for row in rows] for i, c in enumerate(columns)})
+
     def _copy(self, cursor: psycopg.Cursor[Any], target: sql.Composable, table: pa.Table) -> None:
         """Bulk load ``table`` into ``target`` (its columns, by name) as CSV."""
+        for index, field in enumerate(table.schema):
+            if pa.types.is_binary(field.type):  # bytea's hex text form
+                hexed = [None if b is None else "\\x" + b.hex() for b in table[index].to_pylist()]
+                table = table.set_column(index, field.name, pa.array(hexed, pa.string()))
         buffer = io.BytesIO()
         pa_csv.write_csv(table, buffer, pa_csv.WriteOptions(include_header=False))
         columns = sql.SQL(", ").join(sql.Identifier(c) for c in table.column_names)
@@ -867,6 +908,7 @@ def _pg_type(kind: pa.DataType) -> str:
         (pa.types.is_date32, "date"),
         (pa.types.is_string, "text"),
         (pa.types.is_large_string, "text"),
+        (pa.types.is_binary, "bytea"),
     ):
         if test(kind):
             return name
@@ -877,6 +919,8 @@ def _merge_sql(column: str, merge: str) -> sql.Composed:
     """``count`` and ``sum`` add, ``min`` and ``max`` keep the extreme; NULL is no value."""
     mine = sql.SQL("held.{}").format(sql.Identifier(column))
     theirs = sql.SQL("excluded.{}").format(sql.Identifier(column))
+    if merge == "sketch":  # merged already (``pipeline.sketches``)
+        return sql.SQL("{} = {}").format(sql.Identifier(column), theirs)
     if merge == "add":
         combined = sql.SQL(
             "CASE WHEN {0} IS NULL THEN {1} WHEN {1} IS NULL THEN {0} ELSE {0} + {1} END"

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from backlog_dagster.pipeline.results import WINDOW_END, WINDOW_START, ResultLayout
+from backlog_dagster.pipeline.sketches import merge_sketches, with_estimate_columns
 from backlog_dagster.sink.base import (
     DEAD_LETTER_COLUMNS,
     BucketState,
@@ -510,10 +511,21 @@ class SqliteSink(PipelineState, ResultTables):
     def _merge(self, results: pa.Table) -> None:
         if results.num_rows == 0:
             return
-        stored = self.layout.stored_columns
+        layout = self.layout
+        if layout.sketches:
+            results = merge_sketches(
+                with_estimate_columns(results, layout),
+                self._held_sketches(results),
+                layout,
+                _sqlite_values,
+            )
+        stored = layout.stored_columns
         names = ", ".join(_quote(c) for c in stored)
         holes = ", ".join("?" for _ in stored)
-        updates = ", ".join(_merge_sql(p.name, p.merge) for p in self.layout.partials)
+        updates = ", ".join(
+            [_merge_sql(p.name, p.merge) for p in layout.partials]
+            + [_merge_sql(e.name, "sketch") for e in layout.estimates]
+        )
         keys = ", ".join(_quote(k) for k in self.layout.keys)
         data = {c: _sqlite_values(results.column(c)) for c in stored}
         self._db.executemany(
@@ -521,6 +533,24 @@ class SqliteSink(PipelineState, ResultTables):
             f"ON CONFLICT ({keys}) DO UPDATE SET {updates}",
             zip(*(data[c] for c in stored), strict=True),
         )
+
+    def _held_sketches(self, results: pa.Table) -> pa.Table:
+        """The keys and sketches the table holds for ``results``' keys."""
+        keys = self.layout.keys
+        sketches = [p.name for p in self.layout.sketches]
+        quoted = ", ".join(_quote(k) for k in keys)
+        self._db.execute(f"CREATE TEMP TABLE IF NOT EXISTS _sketch_keys ({quoted})")
+        self._db.execute("DELETE FROM _sketch_keys")
+        self._db.executemany(
+            f"INSERT INTO _sketch_keys VALUES ({', '.join('?' for _ in keys)})",
+            zip(*(_sqlite_values(results.column(k)) for k in keys), strict=True),
+        )
+        columns = [*keys, *sketches]
+        rows = self._db.execute(
+            f"SELECT {', '.join(f'held.{_quote(c)}' for c in columns)} "
+            f"FROM {_quote(self.table)} AS held JOIN _sketch_keys USING ({quoted})"
+        ).fetchall()
+        return pa.table({c: [row[i] for row in rows] for i, c in enumerate(columns)})
 
     def _results_ddl(self) -> str:
         layout = self.layout
@@ -567,6 +597,8 @@ def _sqlite_values(column: pa.ChunkedArray) -> list[object]:
 
 def _merge_sql(column: str, merge: str) -> str:
     mine, theirs = _quote(column), f"excluded.{_quote(column)}"
+    if merge == "sketch":  # merged already (``pipeline.sketches``)
+        return f"{mine} = {theirs}"
     combined = {
         "add": f"{mine} + {theirs}",
         "min": f"min({mine}, {theirs})",

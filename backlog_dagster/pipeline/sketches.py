@@ -1,0 +1,110 @@
+"""Distinct counts and quantiles that merge exactly like sums: Spark's sketches.
+
+Each chunk and micro-batch aggregates its records into a sketch per key (Spark's
+``hll_sketch_agg`` for ``count_distinct``, ``kll_sketch_agg_double`` for ``quantiles``:
+the Apache DataSketches formats), and a commit merges them into the sketch the sink
+holds for that key. SQL cannot union sketches, so the sinks call ``merge_sketches``
+before they write: the held sketches of the batch's keys are read in the commit's own
+transaction, unioned with the new ones by the DataSketches library, and the estimates
+read off the result are stored beside the sketch, in columns any reader of the table
+sees. A union is exact as a merge (the same records in any order or chunking give the
+same sketch state up to the sketches' own documented error), and a replayed commit is
+refused before it merges, as for sums.
+
+Error bounds (DataSketches' documentation): an HLL sketch with ``lg_config_k`` 12 has
+a relative standard error of about 1.6 % (so within 4.8 % at three standard errors); a
+KLL sketch with ``k`` 200 ranks a quantile within about 1.65 % of the true rank (99 %
+confidence).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pyarrow as pa
+
+from backlog_dagster.pipeline.results import ResultLayout
+
+HLL_LG_CONFIG_K = 12
+KLL_K = 200
+
+
+KeyValues = Callable[[pa.ChunkedArray], list[object]]
+
+
+def merge_sketches(
+    new: pa.Table, held: pa.Table, layout: ResultLayout, values_of: KeyValues | None = None
+) -> pa.Table:
+    """``new`` partial results with each sketch unioned with ``held``'s for the same key
+    (``held`` has the keys and sketch columns of the rows the sink already holds), and
+    every estimate column filled from the union. ``values_of`` turns a key column into
+    the Python values the sink stores, for both tables to match (as is, by default)."""
+    from datasketches import hll_sketch, hll_union, kll_doubles_sketch, tgt_hll_type
+
+    keys = list(layout.keys)
+    convert = values_of or _as_is
+    index = {key: row for row, key in enumerate(_key_tuples(held, keys, _as_is))}
+    rows = [index.get(key) for key in _key_tuples(new, keys, convert)]
+    for partial in layout.sketches:
+        mine = held.column(partial.name).to_pylist() if held.num_rows else []
+        theirs = new.column(partial.name).to_pylist()
+        merged: list[bytes | None] = []
+        estimates = [e for e in layout.estimates if e.sketch == partial.name]
+        values: dict[str, list[float | None]] = {e.name: [] for e in estimates}
+        for row, fresh in zip(rows, theirs, strict=True):
+            old = None if row is None else mine[row]
+            parts = [bytes(b) for b in (old, fresh) if b is not None]
+            if not parts:
+                merged.append(None)
+                for estimate in estimates:
+                    values[estimate.name].append(None)
+                continue
+            if partial.function == "hll":
+                union = hll_union(HLL_LG_CONFIG_K)
+                for part in parts:
+                    union.update(hll_sketch.deserialize(part))
+                result = union.get_result(tgt_hll_type.HLL_8)
+                merged.append(result.serialize_compact())
+                for estimate in estimates:
+                    values[estimate.name].append(round(result.get_estimate()))
+            else:
+                sketch = kll_doubles_sketch.deserialize(parts[0])
+                for part in parts[1:]:
+                    sketch.merge(kll_doubles_sketch.deserialize(part))
+                merged.append(sketch.serialize())
+                for estimate in estimates:
+                    empty = sketch.is_empty()
+                    values[estimate.name].append(
+                        None if empty else sketch.get_quantile(estimate.quantile)
+                    )
+        new = _replace(new, partial.name, pa.array(merged, pa.binary()))
+        for estimate in estimates:
+            kind = pa.int64() if estimate.quantile is None else pa.float64()
+            new = _replace(new, estimate.name, pa.array(values[estimate.name], kind))
+    return new
+
+
+def with_estimate_columns(results: pa.Table, layout: ResultLayout) -> pa.Table:
+    """``results`` as Spark made them (sketches, no estimates yet), with the estimate
+    columns added empty, so that ``merge_sketches`` and the sinks see every stored one."""
+    for estimate in layout.estimates:
+        if estimate.name not in results.column_names:
+            kind = pa.int64() if estimate.quantile is None else pa.float64()
+            results = results.append_column(estimate.name, pa.nulls(results.num_rows, kind))
+    return results
+
+
+def _replace(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
+    return table.set_column(table.column_names.index(name), name, values)
+
+
+def _as_is(column: pa.ChunkedArray) -> list[object]:
+    return column.to_pylist()
+
+
+def _key_tuples(
+    table: pa.Table, keys: Sequence[str], convert: KeyValues
+) -> list[tuple[object, ...]]:
+    if table.num_rows == 0:
+        return []
+    return list(zip(*(convert(table.column(k)) for k in keys), strict=True))
