@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from dagster import DagsterInstance
 
 console = Console(soft_wrap=True)
-PIPELINES = ("customer_totals", "region_minutes")
+PIPELINES = ("customer_totals", "region_minutes", "region_daily")
 EXAMPLE_DEFS = Path("definitions") / "defs"
 #: The database ``--postgres`` (re)creates for the demo, and the variable its sinks read.
 DEMO_DATABASE, DEMO_DSN_ENV = "backlog_dagster_demo", "BACKLOG_DAGSTER_DEMO_DSN"
@@ -338,6 +338,10 @@ class Timeline:
             generation = sink.current_generation()
             history = sink.phase_history()
             phase = sink.phase()
+            # Watched from the first realtime commit on: a standby run is up long before
+            # the switch, and a realtime run may take a while to commit after it.
+            committed = bool(history) and history[-1].phase == "realtime"
+            committed = committed and sink.switch_gap(history[-1].generation) is not None
         if generation is None:
             return 0
         marks = ", ".join(f"{b.bucket}:{b.marker:,}" for b in generation.buckets.values())
@@ -366,8 +370,7 @@ class Timeline:
                 f"{name}: realtime run {runs[0].run_id[:8]} started with {config}"
                 + (" (a standby, warming up while the backlog runs)" if phase == "backlog" else ""),
             )
-            # Watched from the switch on: a standby run is up long before it.
-            return 1 if phase == "realtime" else 0
+            return 1 if committed else 0
         return 0
 
     def _lag_line(self) -> None:
@@ -423,4 +426,5 @@ def _cell(column: str, value: object) -> str:
 TOP_ROWS = {
     "customer_totals": [("total_amount", "descending")],
     "region_minutes": [("window_start", "descending"), ("region", "ascending")],
+    "region_daily": [("window_start", "descending"), ("region", "ascending")],
 }

@@ -1,4 +1,4 @@
-"""The example project: the reference ``orders`` log and two pipelines over it.
+"""The example project: the reference ``orders`` log and three pipelines over it.
 
 ``dagster dev -w workspace.yaml`` shows:
 
@@ -6,7 +6,8 @@
   empty) and reports its buckets;
 - ``orders_per_bucket``: reads the topic back through the ``bucketlog`` Spark source and
   checks every bucket's count against the log;
-- the pipelines declared in ``defs/`` (``customer_totals``, ``region_minutes``), each a
+- the pipelines declared in ``defs/`` (``customer_totals``, ``region_minutes`` and
+  ``region_daily``, which uses ``transforms.py``), each a
   ``backlog_dagster.BacklogPipeline`` component in its own ``defs.yaml``.
 """
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from tests.pipelines import assert_example_customer_totals
+from tests.pipelines import assert_example_customer_totals, assert_example_region_daily
 
 ROOT = Path(__file__).resolve().parent.parent
 DAGSTER = str(Path(sys.executable).with_name("dagster"))
@@ -46,7 +46,8 @@ def test_example_assets_materialize_through_the_dagster_cli(tmp_path: Path) -> N
             "-m",
             "definitions.definitions",
             "--select",
-            "orders_log,orders_per_bucket,customer_totals_backlog,region_minutes_backlog",
+            "orders_log,orders_per_bucket,customer_totals_backlog,region_minutes_backlog,"
+            "region_daily_backlog",
             "--config-json",
             json.dumps(config),
         ],
@@ -74,8 +75,10 @@ def test_example_assets_materialize_through_the_dagster_cli(tmp_path: Path) -> N
             r.data["marker"] for r in table.records
         ]
         assert metadata("region_minutes_backlog")["rows_read"] == 60_000
+        assert metadata("region_daily_backlog")["rows_read"] == 60_000
 
     assert_example_customer_totals(tmp_path, tmp_path / "example" / "orders")
+    assert_example_region_daily(tmp_path, tmp_path / "example" / "orders")
 
 
 def test_dg_scaffold_defs_writes_a_pipeline_that_runs(tmp_path: Path) -> None:
