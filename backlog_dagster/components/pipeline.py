@@ -177,8 +177,8 @@ def data_root(project_root: Path) -> Path:
 
 
 def with_paths_under(config: PipelineConfig, root: Path) -> PipelineConfig:
-    """The config with its relative paths (source, SQLite sink, realtime checkpoints) made
-    absolute under ``root``."""
+    """The config with its relative paths (source, SQLite sink, reference data, realtime
+    checkpoints) made absolute under ``root``."""
     source = config.source
     if source.path is not None:
         source = source.model_copy(update={"path": str(root / source.path)})
@@ -188,10 +188,16 @@ def with_paths_under(config: PipelineConfig, root: Path) -> PipelineConfig:
     sink = config.sink
     if sink.kind == "sqlite":
         sink = sink.model_copy(update={"path": str(root / sink.path)})
+    transform = config.transform
+    if transform.join is not None and transform.join.path is not None:
+        join = transform.join.model_copy(update={"path": str(root / transform.join.path)})
+        transform = transform.model_copy(update={"join": join})
     realtime = config.realtime.model_copy(
         update={"checkpoint_location": str(root / config.realtime.checkpoint_location)}
     )
-    return config.model_copy(update={"source": source, "sink": sink, "realtime": realtime})
+    return config.model_copy(
+        update={"source": source, "sink": sink, "transform": transform, "realtime": realtime}
+    )
 
 
 @contextmanager
@@ -224,6 +230,7 @@ def user_error_types() -> tuple[type[Exception], ...]:
     from backlog_dagster.phases.bad_records import BadRecord
     from backlog_dagster.phases.lock import PhaseAlreadyRunning
     from backlog_dagster.phases.markers import DefinitionChanged
+    from backlog_dagster.phases.reference import ReferenceError
     from backlog_dagster.phases.transform import TransformError
     from backlog_dagster.phases.truncation import LogTruncated
     from backlog_dagster.pipeline.secrets import SettingUnset
@@ -236,6 +243,7 @@ def user_error_types() -> tuple[type[Exception], ...]:
         DefinitionChanged,
         LogTruncated,
         PhaseAlreadyRunning,
+        ReferenceError,
         SettingUnset,
         SinkUnreachable,
         SourceError,
@@ -385,7 +393,7 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
                 pipeline_spark(pipeline, "realtime", config.spark_conf) as spark,
             ):
                 if config.standby_for_generation is not None:
-                    warm_up(spark, pipeline)
+                    warm_up(spark, pipeline, status_sink)
                     if not await_switch(
                         pipeline,
                         status_sink,

@@ -40,6 +40,7 @@ from backlog_dagster.phases.bad_records import Aggregated, collect, refuse_bad_r
 from backlog_dagster.phases.lock import exclusive_run
 from backlog_dagster.phases.markers import current_generation, extend_markers
 from backlog_dagster.phases.progress import RunProgress
+from backlog_dagster.phases.reference import Reference, read_reference
 from backlog_dagster.phases.transform import (
     check_against_source,
     observe_buckets,
@@ -237,6 +238,14 @@ def _read_to_markers(
             f"backlog: {left:,} records to read up to the markers, "
             f"{'one chunk' if interval == 0 else f'chunks of about {interval:g} s'}"
         )
+    join = config.transform.join
+    reference = None if join is None or left == 0 else read_reference(config, sink)
+    if reference is not None:
+        assert join is not None
+        log(
+            f"backlog: joining {join.describe()}, {reference.table.num_rows:,} rows, "
+            f"version {reference.version}"
+        )
     while left > 0:
         if config.backlog.boundary == "none" and sink.phase() == "realtime":
             log("backlog: the switch moved the pipeline to realtime; stopping here")
@@ -252,7 +261,7 @@ def _read_to_markers(
         report.reading_since = report.reading_since or time.time()
         report.chunk = (start, end)
         try:
-            aggregated, event_times = _aggregate(spark, config, start, end)
+            aggregated, event_times = _aggregate(spark, config, start, end, reference)
         except Exception:
             report.chunk = None
             # A range may have vanished under the job (retention): say so, or skip it.
@@ -271,6 +280,7 @@ def _read_to_markers(
             aggregated.results,
             event_times=event_times,
             dead_letters=aggregated.dead_letters,
+            joined=None if reference is None else reference.version,
         )
         chunk_seconds = time.monotonic() - chunk_started
         chunk_records = sum(end[b] - start[b] for b in start)
@@ -340,7 +350,11 @@ def _past_removed(
 
 
 def _aggregate(
-    spark: SparkSession, config: PipelineConfig, start: dict[int, int], end: dict[int, int]
+    spark: SparkSession,
+    config: PipelineConfig,
+    start: dict[int, int],
+    end: dict[int, int],
+    reference: Reference | None,
 ) -> tuple[Aggregated, dict[int, int | None]]:
     """The chunk's partial results, and each bucket's latest event time read.
 
@@ -354,9 +368,9 @@ def _aggregate(
         if by_log:
             event_times = {b: topic.max_record_time(b, start[b], end[b]) for b in start}
     if by_log:
-        return collect(partial_results(records, config)), event_times
+        return collect(partial_results(records, config, reference=reference)), event_times
     observed, seen = observe_buckets(records, config, sorted(start))
-    aggregated = collect(partial_results(observed, config))
+    aggregated = collect(partial_results(observed, config, reference=reference))
     return aggregated, {b: s.event_time_us for b, s in (seen() or {}).items()}
 
 

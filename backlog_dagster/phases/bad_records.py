@@ -29,7 +29,6 @@ from backlog_dagster.spark.records import (
     BUCKET_COLUMN,
     CORRUPT_COLUMN,
     ERROR_COLUMN,
-    METADATA_COLUMNS,
     OFFSET_COLUMN,
 )
 
@@ -63,8 +62,12 @@ def parse_problem(records: DataFrame) -> Column | None:
     return F.when(F.col(CORRUPT_COLUMN).isNotNull(), F.concat(F.lit("does not parse: "), error))
 
 
-def dead_letter(records: DataFrame, config: PipelineConfig, parsed: Column | None) -> Column:
-    """The ``_dead_letter`` grouping column: null for good records, a struct for bad ones."""
+def dead_letter(
+    records: DataFrame, config: PipelineConfig, parsed: Column | None, payload: list[str]
+) -> Column:
+    """The ``_dead_letter`` grouping column: null for good records, a struct for bad ones.
+
+    ``payload``: the record's own columns (as the function left them, before a join)."""
     from pyspark.sql import functions as F
 
     transform = config.transform
@@ -74,8 +77,13 @@ def dead_letter(records: DataFrame, config: PipelineConfig, parsed: Column | Non
     def missing(column: Column, what: str) -> None:
         checks.append(F.when(column.isNull(), F.lit(what)))
 
+    joined = set() if transform.join is None else set(transform.join.columns)
     for key in transform.keys:
-        missing(F.col(key), _missing("key", key, derived))
+        if key in joined:
+            assert transform.join is not None
+            missing(F.col(key), f"key {key} is null: no row of {transform.join.describe()} matches")
+        else:
+            missing(F.col(key), _missing("key", key, derived))
     missing(
         F.col(config.source.event_time), _missing("event time", config.source.event_time, derived)
     )
@@ -87,16 +95,15 @@ def dead_letter(records: DataFrame, config: PipelineConfig, parsed: Column | Non
                 _missing(f"{aggregation.function} input of {aggregation.name}", column, derived),
             )
     reason = F.coalesce(*checks)
-    payload_columns = [c for c in records.columns if c not in METADATA_COLUMNS and c not in derived]
-    payload = F.to_json(F.struct(*[F.col(c) for c in payload_columns]))
+    as_json = F.to_json(F.struct(*[F.col(c) for c in payload if c not in derived]))
     if CORRUPT_COLUMN in records.columns:
-        payload = F.coalesce(F.col(CORRUPT_COLUMN), payload)
+        as_json = F.coalesce(F.col(CORRUPT_COLUMN), as_json)
     bad = reason.isNotNull()
     # Each field under the same condition: nullable, as Arrow needs for the struct's nulls.
     letter = F.struct(
         F.when(bad, F.col(BUCKET_COLUMN)).alias("bucket"),
         F.when(bad, F.col(OFFSET_COLUMN)).alias("offset"),
-        payload.alias("payload"),
+        as_json.alias("payload"),
         reason.alias("reason"),
     )
     return F.when(bad, letter).alias(DEAD_LETTER)

@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 from backlog_dagster.log.schema import TIMESTAMP
 from backlog_dagster.phases.bad_records import BadRecord, collect, refuse_bad_records
 from backlog_dagster.phases.lag import lateness_us, watermark_lag
+from backlog_dagster.phases.reference import Reference, read_reference
 from backlog_dagster.phases.transform import (
     LateWindows,
     earliest_window_end,
@@ -118,7 +119,8 @@ class MicroBatchCommit:
         start, end = batch_range(Path(self.checkpoint), batch_id, self.starting)
         observed, seen = observe_buckets(batch, config, sorted(end))
         on_time, late, late_windows = _split_late(observed, config, held)
-        aggregated = collect(partial_results(on_time, config, late_windows))
+        reference = _reference_for(config, sink)
+        aggregated = collect(partial_results(on_time, config, late_windows, reference))
         try:
             refuse_bad_records(config, aggregated.dead_letters)
         except BadRecord as bad:
@@ -142,6 +144,7 @@ class MicroBatchCommit:
                 late,
                 {b: read[b].event_time_us if b in read else None for b in moved},
                 aggregated.dead_letters,
+                None if reference is None else reference.version,
             )
         except GenerationEnded:
             # The run sees the new generation itself and stops its query.
@@ -202,6 +205,22 @@ def moved_under(error: str) -> bool:
 
 _sinks: dict[str, Sink] = {}
 _sinks_lock = threading.Lock()
+
+
+_references: dict[str, Reference] = {}
+
+
+def _reference_for(config: PipelineConfig, sink: Sink) -> Reference | None:
+    """``transform.join``'s reference data, read again once older than ``join.refresh``
+    (kept per pipeline and process, like the sink, for the query's later micro-batches)."""
+    join = config.transform.join
+    if join is None:
+        return None
+    key = config.model_dump_json()
+    held = _references.get(key)
+    if held is None or time.time() - held.read_at >= join.refresh:
+        held = _references[key] = read_reference(config, sink)
+    return held
 
 
 def _sink_for(config: PipelineConfig) -> Sink:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from backlog_dagster.phases.lag import watermark_lag
 from backlog_dagster.phases.policy import decide
+from backlog_dagster.phases.reference import read_reference
 from backlog_dagster.phases.transform import check_against_source, partial_results, read_schema
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Sink
@@ -27,18 +28,20 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def warm_up(spark: SparkSession, config: PipelineConfig) -> None:
+def warm_up(spark: SparkSession, config: PipelineConfig, sink: Sink) -> None:
     """Check the pipeline's plan, then one tiny read: it starts Spark's Python workers.
 
     The plan is analysed as the runs make it, so a mistake only Spark sees (an
-    expression it cannot resolve) fails the standby at once, naming the field, instead
-    of leaving it waiting, and holding a Spark driver, for a backlog that cannot run.
+    expression it cannot resolve, reference data it cannot join) fails the standby at
+    once, naming the field, instead of leaving it waiting, and holding a Spark driver,
+    for a backlog that cannot run.
     """
     with open_source(config) as topic:
         check_against_source(config, topic)
         schema = read_schema(config, topic)
         records = topic.read_batch(spark, schema)
-    _ = partial_results(records, config).schema  # Spark analyses the plan here
+    reference = None if config.transform.join is None else read_reference(config, sink)
+    _ = partial_results(records, config, reference=reference).schema  # Spark analyses it
     records.limit(1).collect()
 
 

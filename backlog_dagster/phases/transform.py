@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from backlog_dagster.log.schema import SchemaError, parse_ddl, to_ddl, type_name
 from backlog_dagster.phases.bad_records import DEAD_LETTER, dead_letter, parse_problem
+from backlog_dagster.phases.reference import Reference, with_reference
 from backlog_dagster.phases.user_function import FIELD as FUNCTION_FIELD
 from backlog_dagster.phases.user_function import FunctionError, apply_function, function_output
 from backlog_dagster.pipeline.config import PipelineConfig, WindowConfig
@@ -26,6 +27,7 @@ from backlog_dagster.spark.records import (
     BUCKET_COLUMN,
     CORRUPT_COLUMN,
     ERROR_COLUMN,
+    METADATA_COLUMNS,
     OFFSET_COLUMN,
 )
 
@@ -141,7 +143,27 @@ def source_problems(config: PipelineConfig, topic: Source) -> list[Problem]:
             return [Problem(FUNCTION_FIELD, str(error))]
         of_what, listed = f"what {transform.function} returns", "its columns"
         columns = ", ".join(source.names)
-    known = set(source.names) | set(transform.columns)
+    joined: list[str] = []
+    if transform.join is not None:
+        joined = transform.join.columns
+        for index, on in enumerate(transform.join.on):
+            if on not in source.names:
+                problems.append(
+                    Problem(
+                        f"transform.join.on.{index}",
+                        f"{on!r} is not a column of {of_what}; {listed}: {columns}",
+                    )
+                )
+        for index, added in enumerate(joined):
+            if added in source.names:
+                problems.append(
+                    Problem(
+                        f"transform.join.columns.{index}",
+                        f"{added!r} is a column of {of_what} already; join it under another "
+                        "name, or leave it out",
+                    )
+                )
+    known = set(source.names) | set(transform.columns) | set(joined)
     for index, key in enumerate(transform.keys):
         if key not in known:
             problems.append(
@@ -155,6 +177,8 @@ def source_problems(config: PipelineConfig, topic: Source) -> list[Problem]:
         column = aggregation.column
         if column is None or not _PLAIN_NAME.match(column) or column in transform.columns:
             continue  # an expression or a derived column: Spark checks it (partial_results)
+        if column in joined:
+            continue  # its type is the reference data's: Spark checks it
         where = f"transform.aggregations.{index}.column"
         if column not in source.names:
             problems.append(
@@ -250,13 +274,18 @@ def _naming(field: str, expression: str) -> Iterator[None]:
 
 
 def partial_results(
-    records: DataFrame, config: PipelineConfig, late_windows: LateWindows | None = None
+    records: DataFrame,
+    config: PipelineConfig,
+    late_windows: LateWindows | None = None,
+    reference: Reference | None = None,
 ) -> DataFrame:
-    """Filter, derive, (window,) group by the keys and compute each partial aggregate.
+    """Apply the user's function, join the reference data, filter, derive, (window,)
+    group by the keys and compute each partial aggregate.
 
     Bad records come out as rows of their own (see ``phases.bad_records``); a filter
     never drops a record that did not parse. ``late_windows``: the sliding windows some
     records came too late for (``phases.micro_batch``), left out of their rows.
+    ``reference``: ``transform.join``'s table as read (``phases.reference``).
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import NumericType
@@ -268,6 +297,10 @@ def partial_results(
                 records = apply_function(records, transform.function)
             except FunctionError as error:
                 raise TransformError(Problem(FUNCTION_FIELD, str(error))) from None
+    payload = [c for c in records.columns if c not in METADATA_COLUMNS]
+    if transform.join is not None:
+        assert reference is not None, "transform.join needs the reference data read"
+        records = with_reference(records, transform.join, reference)
     parsed = parse_problem(records)
     if transform.filter:
         keep = F.expr(transform.filter)
@@ -277,7 +310,7 @@ def partial_results(
         with _naming(f"transform.columns.{name}", expression):
             records = records.withColumn(name, F.expr(expression))
     group: list[Column] = [F.col(k) for k in transform.keys]
-    letter = dead_letter(records, config, parsed)
+    letter = dead_letter(records, config, parsed, payload)
     if transform.window is not None and transform.window.sliding:
         # A row per window a record falls in; a bad record's rows are one dead letter.
         size_us = round(transform.window.size * 1_000_000)

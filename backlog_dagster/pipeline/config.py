@@ -399,6 +399,33 @@ class Aggregation(Frozen):
         return [f"{self.name}_p{f'{q * 100:g}'.replace('.', '_')}" for q in self.quantiles]
 
 
+class JoinConfig(Frozen):
+    path: str | None = Field(
+        None,
+        description="A Parquet or CSV file (or a folder of Parquet files) of reference "
+        "data; relative paths as the source's.",
+    )
+    table: Identifier | None = Field(
+        None, description="Or a table in the sink's database (its schema, for PostgreSQL)."
+    )
+    on: list[Identifier] = Field(
+        min_length=1, description="The columns both sides share; each key once in the table."
+    )
+    columns: list[Identifier] = Field(min_length=1, description="The columns to add.")
+    refresh: Duration = Field(
+        300, gt=0, description="Realtime reads the table again this often (seconds)."
+    )
+
+    @model_validator(mode="after")
+    def _one_place(self) -> JoinConfig:
+        if (self.path is None) == (self.table is None):
+            raise ValueError("name the reference data by path or by table (one of them)")
+        return self
+
+    def describe(self) -> str:
+        return f"join.path {self.path}" if self.path is not None else f"join.table {self.table}"
+
+
 class TransformConfig(Frozen):
     function: str | None = Field(
         None,
@@ -407,6 +434,11 @@ class TransformConfig(Frozen):
         "DataFrame applied to the records first (before filter, columns, keys and "
         "aggregations), in both phases. It must work record by record and keep the "
         "columns whose names begin with an underscore.",
+    )
+    join: JoinConfig | None = Field(
+        None,
+        description="Enrich each record with reference data (after the function, before "
+        "the filter): a left join on join.on, adding join.columns.",
     )
     filter: str | None = Field(None, description="Keep records where this SQL predicate holds.")
     columns: dict[str, str] = Field(

@@ -174,11 +174,13 @@ class Sink(Protocol):
         late: pa.Table | None = None,
         event_times: Mapping[int, int | None] | None = None,
         dead_letters: pa.Table | None = None,
+        joined: str | None = None,
     ) -> bool:
         """Merge ``results``, keep ``late`` and ``dead_letters``, move progress, atomically.
 
         ``event_times`` is the latest event time (µs) per bucket among the records
-        committed. Returns False, changing nothing, when exactly this commit was already
+        committed; ``joined``, the version of ``transform.join``'s reference data the
+        results joined. Returns False, changing nothing, when exactly this commit was already
         made; raises ``GenerationEnded`` when ``generation`` is no longer the newest.
         """
 
@@ -212,6 +214,10 @@ class Sink(Protocol):
 
     def read_late(self) -> pa.Table:
         """The late records set aside (windowed pipelines)."""
+
+    def read_reference(self, table: str, columns: list[str]) -> pa.Table:
+        """Those of ``columns`` that ``table`` (in the sink's database, and schema) has,
+        for ``transform.join``; ``LookupError`` when there is no such table."""
 
     def dead_letter_count(self) -> int: ...
 

@@ -92,7 +92,8 @@ _STATE_TABLES = (
     generation integer NOT NULL,
     phase text NOT NULL,
     committed_at double precision NOT NULL,
-    records bigint NOT NULL
+    records bigint NOT NULL,
+    joined text
 )""",
     """CREATE TABLE IF NOT EXISTS {schema}.backlog_heartbeats (
     pipeline text NOT NULL,
@@ -229,6 +230,21 @@ class PostgresSink(ResultTables):
 
     # -- tables -------------------------------------------------------------------------
 
+    def _add_joined_column(self) -> None:
+        """``backlog_commits.joined`` in a database from before ``transform.join``."""
+        found = self._db.execute(
+            "SELECT 1 FROM information_schema.columns WHERE table_schema = %s AND "
+            "table_name = 'backlog_commits' AND column_name = 'joined'",
+            (self.schema,),
+        ).fetchone()
+        if found is None:
+            with self._writing() as cursor:
+                cursor.execute(
+                    sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS joined text").format(
+                        self._name("backlog_commits")
+                    )
+                )
+
     def _create_tables(self) -> None:
         """The schema and tables, unless they are all there: a sink opened every sensor
         tick then takes no lock, and needs no right to create anything."""
@@ -249,6 +265,7 @@ class PostgresSink(ResultTables):
             (self.schema, tables),
         ).fetchone()
         if row is not None and row[0]:
+            self._add_joined_column()
             return
         schema = sql.Identifier(self.schema)
         with self._writing() as cursor:
@@ -506,6 +523,7 @@ class PostgresSink(ResultTables):
         late: pa.Table | None = None,
         event_times: Mapping[int, int | None] | None = None,
         dead_letters: pa.Table | None = None,
+        joined: str | None = None,
     ) -> bool:
         def commit_once() -> bool:
             with self._writing() as cursor:
@@ -542,15 +560,17 @@ class PostgresSink(ResultTables):
                     ],
                 )
                 cursor.execute(
-                    sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s)").format(
-                        self._name("backlog_commits")
-                    ),
+                    sql.SQL(
+                        "INSERT INTO {} (pipeline, generation, phase, committed_at, records, "
+                        "joined) VALUES (%s, %s, %s, %s, %s, %s)"
+                    ).format(self._name("backlog_commits")),
                     (
                         self.pipeline,
                         generation,
                         self._phase(cursor),
                         time.time(),
                         sum(end[b] - start.get(b, end[b]) for b in end),
+                        joined,
                     ),
                 )
             return True
@@ -727,6 +747,27 @@ class PostgresSink(ResultTables):
             )
         )
         return pa.table({c: [row[i] for row in rows] for i, c in enumerate(DEAD_LETTER_COLUMNS)})
+
+    def read_reference(self, table: str, columns: list[str]) -> pa.Table:
+        held = [
+            row[0]
+            for row in self._read(
+                sql.SQL(
+                    "SELECT column_name FROM information_schema.columns "
+                    "WHERE table_schema = %s AND table_name = %s"
+                ),
+                (self.schema, table),
+            )
+        ]
+        if not held:
+            raise LookupError(f"no table {self.schema}.{table} in the sink's database")
+        present = [c for c in columns if c in held]
+        rows = self._read(
+            sql.SQL("SELECT {} FROM {}").format(
+                sql.SQL(", ").join(sql.Identifier(c) for c in present), self._name(table)
+            )
+        )
+        return pa.table({c: [row[i] for row in rows] for i, c in enumerate(present)})
 
     def read_late(self) -> pa.Table:
         rows = self._read(

@@ -62,7 +62,8 @@ _STATE_TABLES = (
     generation INTEGER NOT NULL,
     phase TEXT NOT NULL,
     committed_at REAL NOT NULL,
-    records INTEGER NOT NULL
+    records INTEGER NOT NULL,
+    joined TEXT
 )""",
     """CREATE TABLE IF NOT EXISTS backlog_heartbeats (
     pipeline TEXT NOT NULL,
@@ -114,6 +115,9 @@ class PipelineState:
             with self._transaction():
                 for statement in _STATE_TABLES:
                     self._db.execute(statement)
+                commits = [row[1] for row in self._db.execute("PRAGMA table_info(backlog_commits)")]
+                if "joined" not in commits:  # a database from before transform.join
+                    self._db.execute("ALTER TABLE backlog_commits ADD COLUMN joined TEXT")
         except (OSError, sqlite3.Error) as error:
             raise SinkUnreachable(
                 f"attributes.sink.path: cannot open the SQLite database {self.path} ({error}); "
@@ -419,6 +423,7 @@ class SqliteSink(PipelineState, ResultTables):
         late: pa.Table | None = None,
         event_times: Mapping[int, int | None] | None = None,
         dead_letters: pa.Table | None = None,
+        joined: str | None = None,
     ) -> bool:
         with self._transaction():
             (newest,) = self._db.execute(
@@ -460,13 +465,16 @@ class SqliteSink(PipelineState, ResultTables):
                 ],
             )
             self._db.execute(
-                "INSERT INTO backlog_commits VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO backlog_commits "
+                "(pipeline, generation, phase, committed_at, records, joined) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
                 (
                     self.pipeline,
                     generation,
                     self.phase(),
                     time.time(),
                     sum(end[b] - start.get(b, end[b]) for b in end),
+                    joined,
                 ),
             )
         return True
@@ -494,6 +502,16 @@ class SqliteSink(PipelineState, ResultTables):
             return 0
         (count,) = self._db.execute(f"SELECT count(*) FROM {_quote(self.late_table)}").fetchone()
         return int(count)
+
+    def read_reference(self, table: str, columns: list[str]) -> pa.Table:
+        held = [row[1] for row in self._db.execute(f"PRAGMA table_info({_quote(table)})")]
+        if not held:
+            raise LookupError(f"no table {table} in {self.path}")
+        present = [c for c in columns if c in held]
+        rows = self._db.execute(
+            f"SELECT {', '.join(_quote(c) for c in present)} FROM {_quote(table)}"
+        ).fetchall()
+        return pa.table({c: [row[i] for row in rows] for i, c in enumerate(present)})
 
     def read_late(self) -> pa.Table:
         rows = self._db.execute(f"SELECT * FROM {_quote(self.late_table)}").fetchall()
