@@ -133,10 +133,10 @@ def source_problems(config: PipelineConfig, topic: Source) -> list[Problem]:
                 "transform.columns",
             )
         )
-    if problems:
-        return problems
     of_what, listed = "the source", "the source's columns"
     if transform.function is not None:
+        if problems:  # the function is checked to keep a sound event time
+            return problems
         try:
             source = _function_columns(config, topic, source)
         except FunctionError as error:
