@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 FIELD = "transform.function"
+#: Part of the cache key: a change to what ``describe_output`` keeps leaves old entries.
+CACHE_FORMAT = "columns and plan nodes, 1"
 
 #: Spark's logical plan nodes that make a function depend on more than one record.
 NOT_RECORD_WISE = {
@@ -64,7 +66,6 @@ class FunctionOutput:
     """The columns a function returns for the source's columns: (name, Spark type)."""
 
     columns: tuple[tuple[str, str], ...]
-    numeric: frozenset[str]
 
     @property
     def names(self) -> list[str]:
@@ -129,10 +130,7 @@ def checked_output(spec: str, found: dict[str, Any], keep: tuple[str, ...]) -> F
             "and micro-batch by micro-batch; leave grouping to transform.keys and "
             "transform.aggregations"
         )
-    output = FunctionOutput(
-        tuple((name, kind) for name, kind, _ in found["columns"]),
-        frozenset(name for name, _, numeric in found["columns"] if numeric),
-    )
+    output = FunctionOutput(tuple((name, kind) for name, kind in found["columns"]))
     dropped = [column for column in keep if column not in output.names]
     if dropped:
         raise FunctionError(
@@ -146,8 +144,6 @@ def checked_output(spec: str, found: dict[str, Any], keep: tuple[str, ...]) -> F
 def describe_output(spark: SparkSession, spec: str, input_ddl: str) -> dict[str, Any]:
     """What ``function_output`` keeps: the output columns and the analysed plan's nodes,
     or the error the function raised on empty records of ``input_ddl``."""
-    from pyspark.sql.types import NumericType
-
     try:
         output = apply_function(spark.createDataFrame([], input_ddl), spec)
         plan = output._jdf.queryExecution().analyzed().toString()
@@ -157,10 +153,7 @@ def describe_output(spark: SparkSession, spec: str, input_ddl: str) -> dict[str,
         reason = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         return {"error": f"fails on the source's columns: {type(error).__name__}: {reason}"}
     nodes = sorted({m.group(1) for m in map(_NODE.match, plan.splitlines()) if m})
-    columns = [
-        (f.name, f.dataType.simpleString(), isinstance(f.dataType, NumericType))
-        for f in output.schema.fields
-    ]
+    columns = [(f.name, f.dataType.simpleString()) for f in output.schema.fields]
     return {"columns": columns, "nodes": nodes}
 
 
@@ -200,7 +193,7 @@ def _cache_key(spec: str, input_ddl: str) -> str | None:
     if found is None or found.origin is None or not Path(found.origin).is_file():
         return None
     digest = hashlib.sha256()
-    for part in (spec, input_ddl, version("pyspark")):
+    for part in (CACHE_FORMAT, spec, input_ddl, version("pyspark")):
         digest.update(part.encode() + b"\0")
     digest.update(Path(found.origin).read_bytes())
     return digest.hexdigest()[:32]
