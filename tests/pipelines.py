@@ -47,6 +47,18 @@ def pipeline(
     )
 
 
+def in_chunks(tmp_path: Path, transform: dict[str, Any], name: str) -> PipelineConfig:
+    """A pipeline whose backlog commits in several chunks and whose realtime commits
+    micro-batches often: merges across chunks, micro-batches and the switch get tested."""
+    return pipeline(
+        tmp_path,
+        transform,
+        name=name,
+        backlog={"checkpoint_interval": 0.2},
+        realtime={"checkpoint_interval": 0.5},
+    )
+
+
 def write_defs(folder: Path, config: PipelineConfig, data: Path | None = None) -> Path:
     """Write ``config`` as a defs.yaml; with ``data``, its paths relative to that data root."""
     if data is not None:

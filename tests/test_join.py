@@ -22,14 +22,14 @@ from backlog_dagster.phases.transform import source_problems
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import open_sink
 from tests.conftest import MakeTopic, append_orders
-from tests.pipelines import assert_same, pipeline, records_up_to
+from tests.pipelines import assert_same, in_chunks, records_up_to
 from tests.test_backlog import wait_for
 from tests.test_realtime import RealtimeThread, reached
 from tests.test_sink_contract import on_sink
 
 
 def segments(tmp_path: Path, join: dict[str, object]) -> PipelineConfig:
-    return pipeline(
+    return in_chunks(
         tmp_path,
         {
             "join": {"on": ["customer_id"], "columns": ["segment"], **join},
@@ -39,9 +39,7 @@ def segments(tmp_path: Path, join: dict[str, object]) -> PipelineConfig:
                 {"name": "total_amount", "function": "sum", "column": "amount"},
             ],
         },
-        name="segments",
-        backlog={"checkpoint_interval": 0.2},
-        realtime={"checkpoint_interval": 0.5},
+        "segments",
     )
 
 

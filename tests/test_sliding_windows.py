@@ -17,7 +17,7 @@ from backlog_dagster.phases.transform import window_ends
 from backlog_dagster.pipeline.config import WindowConfig
 from backlog_dagster.sink import open_sink
 from tests.conftest import MakeTopic
-from tests.pipelines import assert_same, pipeline, records_up_to
+from tests.pipelines import assert_same, in_chunks, records_up_to
 from tests.test_backlog import wait_for
 from tests.test_realtime import RealtimeThread, reached
 
@@ -76,13 +76,7 @@ def test_sliding_windows_in_backlog_then_realtime_equal_the_oracle(
     spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = make_topic(records=20_000, buckets=2)
-    config = pipeline(
-        tmp_path,
-        SLIDING,
-        name="bands",
-        backlog={"checkpoint_interval": 0.2},
-        realtime={"checkpoint_interval": 0.5},
-    )
+    config = in_chunks(tmp_path, SLIDING, "bands")
     with open_sink(config) as sink:
         run_backlog(spark, config, sink, log=print)
         results = sink.read_results().to_pandas()

@@ -23,7 +23,7 @@ from backlog_dagster.phases.user_function import (
 )
 from backlog_dagster.sink import open_sink
 from tests.conftest import MakeTopic, append_orders
-from tests.pipelines import assert_same, pipeline, records_up_to
+from tests.pipelines import assert_same, in_chunks, pipeline, records_up_to
 from tests.test_backlog import wait_for
 from tests.test_pipeline_config import dagster_validate, make_project
 from tests.test_realtime import RealtimeThread, reached
@@ -109,13 +109,7 @@ def test_the_function_is_applied_in_backlog_and_realtime_and_results_are_exact(
     spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     topic = make_topic(records=20_000, buckets=2)
-    config = pipeline(
-        tmp_path,
-        BANDS,
-        name="bands",
-        backlog={"checkpoint_interval": 0.2},
-        realtime={"checkpoint_interval": 0.5},
-    )
+    config = in_chunks(tmp_path, BANDS, "bands")
     with open_sink(config) as sink:
         run_backlog(spark, config, sink, log=print)
         results = sink.read_results().to_pandas()
