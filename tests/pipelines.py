@@ -210,7 +210,7 @@ def assert_sketched(config: PipelineConfig, records: pd.DataFrame, values: pd.Se
     with open_sink(config) as sink:
         results = sink.read_results().to_pandas()
     at = records["event_time"].astype("datetime64[us, UTC]").astype("int64")
-    size, slide = round(window.size * 1_000_000), round((window.slide or window.size) * 1e6)
+    size, slide = window.size_us, window.slide_us
     last = at - at % slide
     rows = []
     for k in range(-(-size // slide)):

@@ -28,7 +28,7 @@ from backlog_dagster.phases.progress import (
 
 if TYPE_CHECKING:
     from backlog_dagster.phases.realtime import RealtimeStatus
-    from backlog_dagster.sink import Sink
+    from backlog_dagster.sink import PhaseChange, Sink
 
 
 def phase_metadata(
@@ -103,8 +103,7 @@ def backlog_finished_metadata(
 ) -> dict[str, dg.MetadataValue]:
     """The phase keys of the backlog run's materialization, which its asset's overview
     shows from then on: when it finished, what it read."""
-    history = sink.phase_history()
-    since = history[-1].changed_at if history else time.time()
+    since = _since(sink.phase_history())
     where = (
         f"backlog finished at {clock(time.time())}: {records:,} records in "
         f"{readable_duration(seconds)}"
@@ -144,9 +143,8 @@ def realtime_metadata(
 def realtime_ended_metadata(status: RealtimeStatus, sink: Sink) -> dict[str, dg.MetadataValue]:
     """The realtime run's last status, under the phase the pipeline is in as the run ends
     (back in backlog, as a rule): what the realtime asset's overview goes on showing."""
-    since, generation = realtime_since(sink)
-    metadata = realtime_metadata(status, since, generation)
     history = sink.phase_history()
+    metadata = realtime_metadata(status, _since(history), _generation(sink))
     if history and history[-1].phase != "realtime":
         change = history[-1]
         where = f"{change.phase} since {clock(change.changed_at)}: {change.cause}"
@@ -154,12 +152,14 @@ def realtime_ended_metadata(status: RealtimeStatus, sink: Sink) -> dict[str, dg.
     return metadata
 
 
-def realtime_since(sink: Sink) -> tuple[float, int]:
-    """Since when the pipeline is in its current phase, and its generation."""
-    history = sink.phase_history()
+def _since(history: list[PhaseChange]) -> float:
+    """Since when the pipeline is in its current phase."""
+    return history[-1].changed_at if history else time.time()
+
+
+def _generation(sink: Sink) -> int:
     generation = sink.current_generation()
-    since = history[-1].changed_at if history else time.time()
-    return since, 0 if generation is None else generation.number
+    return 0 if generation is None else generation.number
 
 
 def _offsets_table(offsets: dict[int, int], lag: dict[int, int]) -> dg.TableMetadataValue:
@@ -192,7 +192,7 @@ def realtime_reporter(
         if seen == last["seen"] and now - last["at"] < report_every:
             return
         last.update(at=now, seen=seen)
-        metadata = realtime_metadata(status, *realtime_since(sink))
+        metadata = realtime_metadata(status, _since(sink.phase_history()), _generation(sink))
         description = str(metadata["where"].value)
         log_event(dg.AssetMaterialization(key, description=description, metadata=metadata))
 

@@ -313,7 +313,7 @@ def partial_results(
     letter = dead_letter(records, config, parsed, payload)
     if transform.window is not None and transform.window.sliding:
         # A row per window a record falls in; a bad record's rows are one dead letter.
-        size_us = round(transform.window.size * 1_000_000)
+        size_us = transform.window.size_us
         records = with_sliding_windows(records, config)
         if late_windows:
             records = records.where(~_in_windows(late_windows, size_us))
@@ -327,7 +327,7 @@ def partial_results(
         ]
     else:
         if transform.window is not None:
-            size = f"{round(transform.window.size * 1_000_000)} microseconds"
+            size = f"{transform.window.size_us} microseconds"
             window = F.window(F.col(config.source.event_time), size)
             group += [window.start.alias(WINDOW_START), window.end.alias(WINDOW_END)]
         group.append(letter)
@@ -362,7 +362,7 @@ def with_sliding_windows(records: DataFrame, config: PipelineConfig) -> DataFram
 
     window = config.transform.window
     assert window is not None and window.slide is not None
-    size_us, slide_us = round(window.size * 1_000_000), round(window.slide * 1_000_000)
+    size_us, slide_us = window.size_us, window.slide_us
     at = F.unix_micros(F.col(config.source.event_time))
     last = at - F.pmod(at, F.lit(slide_us))
     earliest = last - F.lit((math.ceil(size_us / slide_us) - 1) * slide_us)
@@ -372,8 +372,7 @@ def with_sliding_windows(records: DataFrame, config: PipelineConfig) -> DataFram
 
 def window_ends(event_time_us: int, window: WindowConfig) -> list[int]:
     """The ends (µs) of the windows a record of this event time falls in, earliest first."""
-    size_us = round(window.size * 1_000_000)
-    slide_us = round((window.slide or window.size) * 1_000_000)
+    size_us, slide_us = window.size_us, window.slide_us
     last = event_time_us - event_time_us % slide_us
     starts = range(last - (math.ceil(size_us / slide_us) - 1) * slide_us, last + 1, slide_us)
     return [s + size_us for s in starts if s + size_us > event_time_us]
@@ -400,10 +399,9 @@ def earliest_window_end(config: PipelineConfig) -> Column:
 
     window = config.transform.window
     assert window is not None
-    size_us = round(window.size * 1_000_000)
+    size_us, slide_us = window.size_us, window.slide_us
     if not window.sliding:
         return F.window(F.col(config.source.event_time), f"{size_us} microseconds").end
-    slide_us = round((window.slide or window.size) * 1_000_000)
     at = F.unix_micros(F.col(config.source.event_time))
     first_start = (F.floor((at - F.lit(size_us)) / F.lit(slide_us)) + 1) * F.lit(slide_us)
     return F.timestamp_micros((first_start + F.lit(size_us)).cast("long"))

@@ -361,6 +361,15 @@ class WindowConfig(Frozen):
     def sliding(self) -> bool:
         return self.slide is not None and self.slide != self.size
 
+    @property
+    def size_us(self) -> int:
+        return round(self.size * 1_000_000)
+
+    @property
+    def slide_us(self) -> int:
+        """A new window every this many µs (the size, for tumbling windows)."""
+        return round((self.slide or self.size) * 1_000_000)
+
 
 AggregateFunction = Literal["count", "sum", "min", "max", "avg", "count_distinct", "quantiles"]
 

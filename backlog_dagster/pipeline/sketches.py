@@ -35,10 +35,11 @@ KeyValues = Callable[[pa.ChunkedArray], list[object]]
 def merge_sketches(
     new: pa.Table, held: pa.Table, layout: ResultLayout, values_of: KeyValues | None = None
 ) -> pa.Table:
-    """``new`` partial results with each sketch unioned with ``held``'s for the same key
-    (``held`` has the keys and sketch columns of the rows the sink already holds), and
-    every estimate column filled from the union. ``values_of`` turns a key column into
-    the Python values the sink stores, for both tables to match (as is, by default)."""
+    """``new`` partial results (as Spark made them) with each sketch unioned with
+    ``held``'s for the same key (``held`` has the keys and sketch columns of the rows the
+    sink already holds), and every estimate column added, filled from the union.
+    ``values_of`` turns a key column into the Python values the sink stores, for both
+    tables to match (as is, by default)."""
     from datasketches import hll_sketch, hll_union, kll_doubles_sketch, tgt_hll_type
 
     keys = list(layout.keys)
@@ -84,17 +85,10 @@ def merge_sketches(
     return new
 
 
-def with_estimate_columns(results: pa.Table, layout: ResultLayout) -> pa.Table:
-    """``results`` as Spark made them (sketches, no estimates yet), with the estimate
-    columns added empty, so that ``merge_sketches`` and the sinks see every stored one."""
-    for estimate in layout.estimates:
-        if estimate.name not in results.column_names:
-            kind = pa.int64() if estimate.quantile is None else pa.float64()
-            results = results.append_column(estimate.name, pa.nulls(results.num_rows, kind))
-    return results
-
-
 def _replace(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
+    """``table`` with column ``name`` set to ``values``, added at the end if it had none."""
+    if name not in table.column_names:
+        return table.append_column(name, values)
     return table.set_column(table.column_names.index(name), name, values)
 
 

@@ -44,7 +44,7 @@ from tenacity import (
 )
 
 from backlog_dagster.pipeline.results import WINDOW_END, WINDOW_START, ResultLayout
-from backlog_dagster.pipeline.sketches import merge_sketches, with_estimate_columns
+from backlog_dagster.pipeline.sketches import merge_sketches
 from backlog_dagster.sink.base import (
     DEAD_LETTER_COLUMNS,
     BucketState,
@@ -584,13 +584,11 @@ class PostgresSink(ResultTables):
         if results.num_rows == 0:
             return
         layout = self.layout
-        if layout.sketches:
-            results = with_estimate_columns(results, layout)
-        stored = results.select(layout.stored_columns)
         exists = self._results_exist(cursor)
         if layout.sketches:
-            held = self._held_sketches(cursor, stored) if exists else pa.table({})
-            stored = merge_sketches(stored, held, layout)
+            held = self._held_sketches(cursor, results) if exists else pa.table({})
+            results = merge_sketches(results, held, layout)
+        stored = results.select(layout.stored_columns)
         if not exists:
             self._create_results(cursor, stored.schema)
         staging = sql.Identifier(f"staging_{self.table}")

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from backlog_dagster.pipeline.results import WINDOW_END, WINDOW_START, ResultLayout
-from backlog_dagster.pipeline.sketches import merge_sketches, with_estimate_columns
+from backlog_dagster.pipeline.sketches import merge_sketches
 from backlog_dagster.sink.base import (
     DEAD_LETTER_COLUMNS,
     BucketState,
@@ -531,12 +531,7 @@ class SqliteSink(PipelineState, ResultTables):
             return
         layout = self.layout
         if layout.sketches:
-            results = merge_sketches(
-                with_estimate_columns(results, layout),
-                self._held_sketches(results),
-                layout,
-                _sqlite_values,
-            )
+            results = merge_sketches(results, self._held_sketches(results), layout, _sqlite_values)
         stored = layout.stored_columns
         names = ", ".join(_quote(c) for c in stored)
         holes = ", ".join("?" for _ in stored)
