@@ -54,7 +54,7 @@ def in_chunks(tmp_path: Path, transform: dict[str, Any], name: str) -> PipelineC
         tmp_path,
         transform,
         name=name,
-        backlog={"checkpoint_interval": 0.2},
+        backlog={"checkpoint_interval": 0.01},  # a first chunk of 10,000 records
         realtime={"checkpoint_interval": 0.5},
     )
 
@@ -246,3 +246,48 @@ def assert_example_region_daily(data: Path, topic_path: Path) -> None:
         records = records_up_to(topic, topic.latest_offsets())
     config = example_config("region_daily", data)
     assert assert_sketched(config, records, records["amount"] * 1.2) > 0
+
+
+#: Large orders, each with its amount in cents.
+LARGE_ORDERS = {
+    "filter": "amount >= 100",
+    "columns": {"cents": "CAST(round(amount * 100) AS BIGINT)"},
+}
+ORDER_COLUMNS = ["order_id", "customer_id", "region", "amount", "event_time"]
+
+
+def large_orders_oracle(records: pd.DataFrame, banded: bool) -> pd.DataFrame:
+    """``LARGE_ORDERS`` over ``records``; ``banded``: after ``tests.user_functions:banded``."""
+    from tests.user_functions import LARGE
+
+    kept = records[records["amount"] >= 100].copy()
+    if banded:
+        kept["with_tax"] = kept["amount"] * 1.2
+        kept["band"] = [
+            "large" if a >= LARGE else None if r == "region-00" else "small"
+            for a, r in zip(kept["amount"], kept["region"], strict=True)
+        ]
+    kept["cents"] = (kept["amount"] * 100).round().astype("int64")
+    return kept
+
+
+def assert_each_kept_once(
+    config: PipelineConfig, records: pd.DataFrame, banded: bool = False
+) -> None:
+    """A stateless pipeline's rows: each of ``records`` that ``LARGE_ORDERS`` keeps, once."""
+    from backlog_dagster.sink import open_sink
+
+    with open_sink(config) as sink:
+        results = sink.read_results().to_pandas()
+        assert sink.dead_letter_count() == 0
+    extra = ["with_tax", "band"] if banded else []
+    assert list(results.columns) == [*ORDER_COLUMNS, *extra, "cents"]
+    expected = large_orders_oracle(records, banded)
+    assert results["order_id"].is_unique and len(results) == len(expected) > 1000
+    results = results.sort_values("order_id").reset_index(drop=True)
+    expected = expected.sort_values("order_id").reset_index(drop=True)
+    results["event_time"] = pd.to_datetime(results["event_time"], utc=True)
+    expected["event_time"] = pd.to_datetime(expected["event_time"], utc=True)
+    pd.testing.assert_frame_equal(
+        results[expected.columns.tolist()], expected, check_dtype=False, check_exact=False
+    )

@@ -133,8 +133,13 @@ def with_change(path: str, value: object) -> dict:  # type: ignore[type-arg]
 @pytest.mark.parametrize(
     ("field", "value", "expected"),
     [
-        ("transform.keys", None, "attributes.transform.keys: Field required"),
-        ("transform.keys", [], "attributes.transform.keys: List should have at least 1 item"),
+        ("transform.keys", None, "attributes.transform: Value error, aggregations need keys"),
+        ("transform.keys", [], "attributes.transform: Value error, aggregations need keys"),
+        (
+            "transform.aggregations",
+            [],
+            "attributes.transform: Value error, keys without aggregations: add aggregations",
+        ),
         (
             "transform.aggregations",
             [{"name": "m", "function": "avg"}],

@@ -19,7 +19,13 @@ from backlog_dagster.phases.reference import Reference, with_reference
 from backlog_dagster.phases.user_function import FIELD as FUNCTION_FIELD
 from backlog_dagster.phases.user_function import FunctionError, apply_function, function_output
 from backlog_dagster.pipeline.config import PipelineConfig, WindowConfig
-from backlog_dagster.pipeline.results import WINDOW_END, WINDOW_START, Partial, layout_of
+from backlog_dagster.pipeline.results import (
+    RECORD_ID,
+    WINDOW_END,
+    WINDOW_START,
+    Partial,
+    layout_of,
+)
 from backlog_dagster.pipeline.sketches import HLL_LG_CONFIG_K, KLL_K
 from backlog_dagster.source import Payload, Source
 from backlog_dagster.spark.records import (
@@ -280,7 +286,8 @@ def partial_results(
     reference: Reference | None = None,
 ) -> DataFrame:
     """Apply the user's function, join the reference data, filter, derive, (window,)
-    group by the keys and compute each partial aggregate.
+    group by the keys and compute each partial aggregate; for a stateless pipeline, keep
+    each record's own columns with its bucket and offset.
 
     Bad records come out as rows of their own (see ``phases.bad_records``); a filter
     never drops a record that did not parse. ``late_windows``: the sliding windows some
@@ -309,8 +316,11 @@ def partial_results(
     for name, expression in transform.columns.items():
         with _naming(f"transform.columns.{name}", expression):
             records = records.withColumn(name, F.expr(expression))
-    group: list[Column] = [F.col(k) for k in transform.keys]
     letter = dead_letter(records, config, parsed, payload)
+    if transform.stateless:  # each record a row: its own columns, bucket and offset
+        own = [c for c in records.columns if not c.startswith("_")]
+        return records.select(*own, *RECORD_ID, letter)
+    group: list[Column] = [F.col(k) for k in transform.keys]
     if transform.window is not None and transform.window.sliding:
         # A row per window a record falls in; a bad record's rows are one dead letter.
         size_us = transform.window.size_us

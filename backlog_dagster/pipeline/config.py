@@ -453,9 +453,40 @@ class TransformConfig(Frozen):
     columns: dict[str, str] = Field(
         default_factory=dict, description="Derived columns: name → SQL expression."
     )
-    keys: list[str] = Field(min_length=1, description="Columns to group by.")
-    window: WindowConfig | None = Field(None, description="Optional tumbling event-time window.")
-    aggregations: list[Aggregation] = Field(min_length=1, description="What to compute per key.")
+    keys: list[str] = Field(
+        default_factory=list,
+        description="Columns to group by. Leave keys and aggregations out for a stateless "
+        "pipeline: every record (after the function, join, filter and columns) lands in "
+        "the results table once.",
+    )
+    window: WindowConfig | None = Field(
+        None, description="Optional event-time window (tumbling, or sliding with slide)."
+    )
+    aggregations: list[Aggregation] = Field(
+        default_factory=list, description="What to compute per key (with keys)."
+    )
+
+    @model_validator(mode="after")
+    def _grouped_or_stateless(self) -> TransformConfig:
+        if self.keys and not self.aggregations:
+            raise ValueError(
+                "keys without aggregations: add aggregations to compute per key, or leave "
+                "keys out too for a stateless pipeline that keeps every record"
+            )
+        if self.aggregations and not self.keys:
+            raise ValueError("aggregations need keys: the columns to group by")
+        if self.stateless and self.window is not None:
+            raise ValueError(
+                "a window groups records for aggregations, and this pipeline has none "
+                "(stateless: it keeps every record); leave window out, or add keys and "
+                "aggregations"
+            )
+        return self
+
+    @property
+    def stateless(self) -> bool:
+        """No keys and no aggregations: each record is a result row of its own."""
+        return not self.keys and not self.aggregations
 
     @model_validator(mode="after")
     def _distinct_names(self) -> TransformConfig:
@@ -560,6 +591,15 @@ class BacklogConfig(Frozen):
         description="Commit progress about this often during the backlog; 0: only at its end "
         "(a failure restarts the backlog from its start).",
     )
+    residual_records: int = Field(
+        100_000,
+        ge=0,
+        description="With boundary markers: a backlog run that reaches its markers with more "
+        "than this many records appended after them (what arrived while it ran) takes new "
+        "markers at the log's end and reads on in batch, for as long as each round leaves "
+        "fewer than the one before, so realtime starts with little to catch up. 0: the "
+        "switch comes at the first markers.",
+    )
     shuffle_partitions: int | Literal["auto"] = Field(
         "auto", description="Shuffle partitions of the batch plan; auto sizes them to the data."
     )
@@ -648,7 +688,8 @@ class SwitchConfig(Frozen):
 
 
 class PipelineConfig(Frozen):
-    """One declared pipeline: a source, a keyed aggregation, a sink and two phases."""
+    """One declared pipeline: a source, a transform (a keyed aggregation, or stateless), a
+    sink and two phases."""
 
     # A refused spark_master may hold a secret: errors name the field, not the value.
     model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)

@@ -6,6 +6,14 @@ the sink merges into what it holds. So every aggregation is stored as partial co
 with a merge rule (count and sum add, min and max keep the extreme), and aggregations
 that are not mergeable as such (avg) are derived from their partials. A new aggregate
 function only has to say its partials and, if needed, its derivation.
+
+A stateless pipeline (no keys, no aggregations) has nothing to merge: each record is a
+row, appended. Its columns are the records' as the transform leaves them, known only
+from the data, so a sink makes its table at the first commit; each row keeps its
+record's bucket and offset (``RECORD_ID``), and the view leaves out every column whose
+name begins with an underscore. Exactly once needs no key: a commit appends a chunk's
+rows in the same transaction that moves the progress past it, and the sink refuses a
+commit that does not start where its progress stands.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from backlog_dagster.pipeline.config import Aggregation, TransformConfig
+from backlog_dagster.spark.records import BUCKET_COLUMN, OFFSET_COLUMN
 
 #: ``sketch``: a HyperLogLog or KLL sketch, merged by a union in Python
 #: (``pipeline.sketches``) before the sink writes it, as SQL cannot.
@@ -21,6 +30,8 @@ Merge = Literal["add", "min", "max", "sketch"]
 
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
+#: Where a stateless pipeline's row came from: its record's bucket and offset.
+RECORD_ID = (BUCKET_COLUMN, OFFSET_COLUMN)
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,11 @@ class ResultLayout:
     estimates: tuple[Estimate, ...] = ()
 
     @property
+    def stateless(self) -> bool:
+        """Each record a row: nothing to merge, the columns are the data's."""
+        return not self.partials
+
+    @property
     def windowed(self) -> bool:
         return WINDOW_START in self.keys
 
@@ -80,6 +96,11 @@ class ResultLayout:
 
 
 _MERGE: dict[str, Merge] = {"count": "add", "sum": "add", "min": "min", "max": "max"}
+
+
+def visible_record_columns(columns: list[str]) -> list[str]:
+    """What a stateless pipeline's view shows: every column but the internal ones."""
+    return [c for c in columns if not c.startswith("_")]
 
 
 def layout_of(transform: TransformConfig) -> ResultLayout:

@@ -43,7 +43,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from backlog_dagster.pipeline.results import WINDOW_END, WINDOW_START, ResultLayout
+from backlog_dagster.pipeline.results import RECORD_ID, ResultLayout, visible_record_columns
 from backlog_dagster.pipeline.sketches import merge_sketches
 from backlog_dagster.sink.base import (
     DEAD_LETTER_COLUMNS,
@@ -300,6 +300,9 @@ class PostgresSink(ResultTables):
         definition gets a table of its own shape.
         """
         layout = self.layout
+        if layout.stateless:
+            self._create_record_table(cursor, schema)
+            return
         columns = [
             sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(_pg_type(schema.field(c).type)))
             for c in layout.stored_columns
@@ -320,6 +323,32 @@ class PostgresSink(ResultTables):
             sql.SQL("CREATE VIEW {} AS SELECT {} FROM {}").format(
                 self._name(self.view),
                 sql.SQL(", ").join(sql.Identifier(c) for c in layout.visible_columns),
+                self._name(self.table),
+            )
+        )
+
+    def _create_record_table(self, cursor: psycopg.Cursor[Any], schema: pa.Schema) -> None:
+        """A stateless pipeline's table: the records' columns, appended; indexed by the
+        records' bucket and offset, not keyed (a function may make several rows of one)."""
+        cursor.execute(
+            sql.SQL("CREATE TABLE {} ({})").format(
+                self._name(self.table),
+                sql.SQL(", ").join(
+                    sql.SQL("{} {}").format(sql.Identifier(f.name), sql.SQL(_pg_type(f.type)))
+                    for f in schema
+                ),
+            )
+        )
+        cursor.execute(
+            sql.SQL("CREATE INDEX ON {} ({})").format(
+                self._name(self.table), sql.SQL(", ").join(map(sql.Identifier, RECORD_ID))
+            )
+        )
+        visible = visible_record_columns(schema.names)
+        cursor.execute(
+            sql.SQL("CREATE VIEW {} AS SELECT {} FROM {}").format(
+                self._name(self.view),
+                sql.SQL(", ").join(map(sql.Identifier, visible)),
                 self._name(self.table),
             )
         )
@@ -585,6 +614,11 @@ class PostgresSink(ResultTables):
             return
         layout = self.layout
         exists = self._results_exist(cursor)
+        if layout.stateless:
+            if not exists:
+                self._create_results(cursor, results.schema)
+            self._copy(cursor, self._name(self.table), results)
+            return
         if layout.sketches:
             held = self._held_sketches(cursor, results) if exists else pa.table({})
             results = merge_sketches(results, held, layout)
@@ -716,25 +750,31 @@ class PostgresSink(ResultTables):
         return self._call(empty, retry=True)
 
     def read_results(self) -> pa.Table:
-        """The visible columns; window bounds as ISO-8601 text in UTC, as every sink gives them."""
-        columns = self.layout.visible_columns
+        """The visible columns; timestamps as ISO-8601 text in UTC, as every sink gives them."""
 
-        def read() -> list[tuple[Any, ...]]:
+        def read() -> tuple[list[str], list[tuple[Any, ...]]]:
             with self._db.transaction(), self._db.cursor() as cursor:
                 if not self._results_exist(cursor):
-                    return []
+                    return list(self.layout.visible_columns), []
+                cursor.execute(
+                    "SELECT column_name, data_type FROM information_schema.columns WHERE "
+                    "table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+                    (self.schema, self.view),
+                )
+                types = dict(cursor.fetchall())
+                columns = list(types) if self.layout.stateless else self.layout.visible_columns
                 cursor.execute(
                     sql.SQL("SELECT {} FROM {}").format(
                         sql.SQL(", ").join(
-                            _iso(c) if c in (WINDOW_START, WINDOW_END) else sql.Identifier(c)
+                            _iso(c) if types[c] == "timestamp with time zone" else sql.Identifier(c)
                             for c in columns
                         ),
-                        self._name(self.table),
+                        self._name(self.view),
                     )
                 )
-                return cursor.fetchall()
+                return list(columns), cursor.fetchall()
 
-        rows = self._call(read, retry=True)
+        columns, rows = self._call(read, retry=True)
         return pa.table({c: [row[i] for row in rows] for i, c in enumerate(columns)})
 
     def read_dead_letters(self) -> pa.Table:
@@ -951,7 +991,10 @@ def _pg_type(kind: pa.DataType) -> str:
     ):
         if test(kind):
             return name
-    raise TypeError(f"the PostgreSQL sink cannot store a result column of type {kind}")
+    raise TypeError(
+        f"the PostgreSQL sink cannot store a result column of type {kind}; turn it into "
+        "text in transform.columns, e.g. {name_json: to_json(name)}"
+    )
 
 
 def _merge_sql(column: str, merge: str) -> sql.Composed:

@@ -18,7 +18,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self
@@ -26,7 +26,13 @@ from typing import Any, Self
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from backlog_dagster.pipeline.results import WINDOW_END, WINDOW_START, ResultLayout
+from backlog_dagster.pipeline.results import (
+    RECORD_ID,
+    WINDOW_END,
+    WINDOW_START,
+    ResultLayout,
+    visible_record_columns,
+)
 from backlog_dagster.pipeline.sketches import merge_sketches
 from backlog_dagster.sink.base import (
     DEAD_LETTER_COLUMNS,
@@ -380,14 +386,9 @@ class SqliteSink(PipelineState, ResultTables):
         self.table = table
         self.layout = layout
         with self._transaction():
-            self._db.execute(self._results_ddl())
-            view = self._view_ddl()
-            held = self._db.execute(
-                "SELECT sql FROM sqlite_master WHERE type = 'view' AND name = ?", (self.view,)
-            ).fetchone()
-            if held is None or held[0] != view:  # new, or the definition changed
-                self._db.execute(f"DROP VIEW IF EXISTS {_quote(self.view)}")
-                self._db.execute(view)
+            if not layout.stateless:  # a stateless table is made at the first commit
+                self._db.execute(self._results_ddl())
+                self._make_view(layout.visible_columns)
             self._db.execute(
                 f"CREATE TABLE IF NOT EXISTS {_quote(self.dead_letter_table)} (bucket INTEGER, "
                 '"offset" INTEGER, payload TEXT, reason TEXT, PRIMARY KEY (bucket, "offset"))'
@@ -406,7 +407,11 @@ class SqliteSink(PipelineState, ResultTables):
             number = self._new_generation(reason, definition)
             self._insert_buckets(number, buckets)
             self._insert_phase(number, "backlog", reason, None)
-            self._db.execute(f"DELETE FROM {_quote(self.table)}")
+            if self.layout.stateless:  # the next commit makes it, in its records' shape
+                self._db.execute(f"DROP VIEW IF EXISTS {_quote(self.view)}")
+                self._db.execute(f"DROP TABLE IF EXISTS {_quote(self.table)}")
+            else:
+                self._db.execute(f"DELETE FROM {_quote(self.table)}")
             self._db.execute(f"DELETE FROM {_quote(self.dead_letter_table)}")
             if self.windowed:
                 self._db.execute(f"DELETE FROM {_quote(self.late_table)}")
@@ -479,8 +484,18 @@ class SqliteSink(PipelineState, ResultTables):
             )
         return True
 
+    def _results_exist(self) -> bool:
+        return (
+            self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (self.table,)
+            ).fetchone()
+            is not None
+        )
+
     def is_empty(self) -> bool:
-        tables = [self.table, self.dead_letter_table] + ([self.late_table] if self.windowed else [])
+        tables = [self.dead_letter_table] + ([self.late_table] if self.windowed else [])
+        if self._results_exist():
+            tables.append(self.table)
         return not any(
             self._db.execute(f"SELECT 1 FROM {_quote(t)} LIMIT 1").fetchone() for t in tables
         )
@@ -519,17 +534,24 @@ class SqliteSink(PipelineState, ResultTables):
         return pa.table({c: [row[i] for row in rows] for i, c in enumerate(columns)})
 
     def read_results(self) -> pa.Table:
-        columns = self.layout.visible_columns
-        cursor = self._db.execute(
+        if not self._results_exist():
+            return pa.table({c: [] for c in self.layout.visible_columns})
+        columns = list(self.layout.visible_columns)
+        if self.layout.stateless:
+            held = [row[1] for row in self._db.execute(f"PRAGMA table_info({_quote(self.table)})")]
+            columns = visible_record_columns(held)
+        rows = self._db.execute(
             f"SELECT {', '.join(_quote(c) for c in columns)} FROM {_quote(self.table)}"
-        )
-        rows = cursor.fetchall()
+        ).fetchall()
         return pa.table({c: [row[i] for row in rows] for i, c in enumerate(columns)})
 
     def _merge(self, results: pa.Table) -> None:
         if results.num_rows == 0:
             return
         layout = self.layout
+        if layout.stateless:
+            self._append_records(results)
+            return
         if layout.sketches:
             results = merge_sketches(results, self._held_sketches(results), layout, _sqlite_values)
         stored = layout.stored_columns
@@ -577,16 +599,40 @@ class SqliteSink(PipelineState, ResultTables):
             f"({', '.join(columns)}, PRIMARY KEY ({keys}))"
         )
 
-    def _view_ddl(self) -> str:
+    def _make_view(self, visible: Sequence[str]) -> None:
+        """The view over the results, unless it is there as it should be."""
         columns = [
             f"datetime({_quote(c)}) AS {_quote(c)}"
             if c in (WINDOW_START, WINDOW_END)
             else _quote(c)
-            for c in self.layout.visible_columns
+            for c in visible
         ]
-        return (
+        view = (
             f"CREATE VIEW {_quote(self.view)} AS SELECT {', '.join(columns)} "
             f"FROM {_quote(self.table)}"
+        )
+        held = self._db.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'view' AND name = ?", (self.view,)
+        ).fetchone()
+        if held is None or held[0] != view:  # new, or the definition changed
+            self._db.execute(f"DROP VIEW IF EXISTS {_quote(self.view)}")
+            self._db.execute(view)
+
+    def _append_records(self, records: pa.Table) -> None:
+        """A stateless pipeline's rows, appended; its table made at the first commit, in
+        the records' shape, indexed (not keyed) by their bucket and offset."""
+        names = ", ".join(_quote(c) for c in records.column_names)
+        if not self._results_exist():
+            self._db.execute(f"CREATE TABLE {_quote(self.table)} ({names})")
+            self._db.execute(
+                f"CREATE INDEX {_quote(self.table + '_record')} ON {_quote(self.table)} "
+                f"({', '.join(_quote(c) for c in RECORD_ID)})"
+            )
+            self._make_view(visible_record_columns(records.column_names))
+        holes = ", ".join("?" for _ in records.column_names)
+        self._db.executemany(
+            f"INSERT INTO {_quote(self.table)} ({names}) VALUES ({holes})",
+            zip(*(_sqlite_values(c) for c in records.columns), strict=True),
         )
 
 
