@@ -58,6 +58,31 @@ def test_backlog_equals_the_oracle_and_stops_at_the_markers(
     assert_same(results, customer_totals_oracle(records_up_to(topic, markers)), ["customer_id"])
 
 
+def test_records_that_arrived_during_the_backlog_are_read_in_batch_too(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(records=60_000, buckets=4)
+    config = pipeline(
+        tmp_path,
+        CUSTOMER_TOTALS,
+        backlog={"checkpoint_interval": 0, "residual_records": 1_000},
+    )
+    with open_sink(config) as sink:
+        first = current_generation(sink, topic, config, print).number
+        append_orders(topic, 5_000)  # more than residual_records after the markers
+        report = run_backlog(spark, config, sink, log=print)
+        results = sink.read_results().to_pandas()
+        generation = sink.current_generation()
+    assert generation is not None and generation.number == report.generation == first + 1
+    assert "5,000 records arrived meanwhile" in generation.reason
+    assert report.rows_read == 65_000 and generation.finished
+    assert_same(
+        results,
+        customer_totals_oracle(records_up_to(topic, topic.latest_offsets())),
+        ["customer_id"],
+    )
+
+
 def test_windowed_backlog_takes_every_record_however_late(
     spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
@@ -246,9 +271,9 @@ def kill_and_rerun_backlog(config: PipelineConfig, topic: Topic, tmp_path: Path)
 
 
 @pytest.mark.parametrize(
-    ("run_config", "expected", "chunks"),
+    ("run_config", "expected", "in_chunks"),
     [
-        ({}, {"spark.sql.adaptive.enabled": "true", "spark.sql.shuffle.partitions": "1"}, 1),
+        ({}, {"spark.sql.adaptive.enabled": "true", "spark.sql.shuffle.partitions": "1"}, False),
         (
             {
                 "adaptive_query_execution": False,
@@ -262,12 +287,12 @@ def kill_and_rerun_backlog(config: PipelineConfig, topic: Topic, tmp_path: Path)
                 "spark.sql.shuffle.partitions": "7",
                 "spark.sql.ansi.enabled": "false",
             },
-            3,
+            True,
         ),
         (
             {"spark_conf": {"spark.sql.shuffle.partitions": "3"}},
             {"spark.sql.shuffle.partitions": "3"},
-            1,
+            False,
         ),
     ],
     ids=["defaults", "every_field", "spark_conf_over_the_backlogs_own"],
@@ -278,7 +303,7 @@ def test_each_backlog_run_config_field_is_the_setting_the_run_used(
     tmp_path: Path,
     run_config: dict[str, Any],
     expected: dict[str, str],
-    chunks: int,
+    in_chunks: bool,
 ) -> None:
     """What the run config asks for is what the batch plan ran with: in the settings the
     materialization reports, in the session after the run, and in the chunks made."""
@@ -293,7 +318,7 @@ def test_each_backlog_run_config_field_is_the_setting_the_run_used(
     assert expected.items() <= used.items()  # type: ignore[union-attr]
     for key, value in expected.items():
         assert spark.conf.get(key) == value
-    assert materialization.metadata["chunks"].value == chunks
+    assert (materialization.metadata["chunks"].value > 1) == in_chunks  # type: ignore[operator]
 
 
 def test_a_backlog_in_one_chunk_publishes_its_progress_while_spark_reads(

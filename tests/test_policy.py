@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from backlog_dagster.phases.lag import Lag
-from backlog_dagster.phases.policy import decide, flapping, way_backs
+from backlog_dagster.phases.policy import decide, flapping, residual_says_backlog, way_backs
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import PhaseChange
 from tests.pipelines import CUSTOMER_TOTALS, pipeline
@@ -173,3 +173,22 @@ def test_a_spark_conf_key_wins_over_the_phases_own_settings(tmp_path: Path) -> N
         "spark.sql.adaptive.coalescePartitions.enabled": "true"
     }
     assert streaming_settings(config, 2) == {}
+
+
+def test_at_its_markers_the_backlog_reads_on_while_much_arrived_and_less_each_round(
+    tmp_path: Path,
+) -> None:
+    config = pipeline(tmp_path, CUSTOMER_TOTALS, backlog={"residual_records": 1_000})
+    assert residual_says_backlog(5_000, config, None)
+    assert not residual_says_backlog(1_000, config, None)
+    assert residual_says_backlog(3_000, config, 5_000)
+    # A round that did not shrink what is left: batch cannot outrun the input.
+    assert not residual_says_backlog(6_000, config, 5_000)
+    never = pipeline(tmp_path, CUSTOMER_TOTALS, backlog={"residual_records": 0})
+    assert not residual_says_backlog(5_000, never, None)
+    by_lag_alone = pipeline(
+        tmp_path,
+        CUSTOMER_TOTALS,
+        backlog={"boundary": "none", "watermark_lag_threshold": 60, "residual_records": 1_000},
+    )
+    assert not residual_says_backlog(5_000, by_lag_alone, None)

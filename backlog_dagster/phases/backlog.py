@@ -6,17 +6,19 @@ once per chunk. No watermark: event-time windows take every record, however late
 
 - ``checkpoint_interval == 0``: one chunk, the whole backlog, committed once at the end.
   A failure leaves nothing in the sink and the next run starts from the start.
-- ``checkpoint_interval > 0``: chunks sized to take about that long at the best rate a
-  chunk has run at so far; each chunk's results and progress commit together, and a
-  failure resumes from the last commit. (Sizing by the *last* chunk's rate would let
-  the fixed cost of a chunk, about a second, shrink every next chunk until the backlog
-  crawls: measured at 8,000 records/s.)
+- ``checkpoint_interval > 0``: chunks sized to take about that long, and at least about
+  2 s (``phases.chunks``, from the latest chunks' timings); each chunk's results and
+  progress commit together, and a failure resumes from the last commit.
 
 With ``backlog.watermark_lag_threshold``, reaching the markers with the watermark still
 lagging by more than the threshold (records kept arriving while the backlog ran) takes
 new markers at the log's end and goes on in the same run: a new run would spend its
 Spark start again, and when one round takes longer than the threshold the lag would
 never come down (measured: rounds ending 130 to 141 s behind against a 120 s threshold).
+
+With markers, the same happens when more than ``backlog.residual_records`` records
+arrived while the backlog ran (``policy.residual_says_backlog``): realtime would clear
+them far slower than a batch round does.
 
 Each commit also records, per bucket, the latest event time read: the watermark the
 lag strategy measures (observed in the same Spark job, not by a second pass). With
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from backlog_dagster.phases.background import in_background
 from backlog_dagster.phases.bad_records import Aggregated, collect, refuse_bad_records
+from backlog_dagster.phases.chunks import next_chunk_records
 from backlog_dagster.phases.lock import exclusive_run
 from backlog_dagster.phases.markers import current_generation, extend_markers
 from backlog_dagster.phases.progress import RunProgress
@@ -58,10 +61,6 @@ from backlog_dagster.spark.task_progress import TasksDone, watching_tasks
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-#: Rate assumed for sizing the first chunk, before one has been measured (records/s).
-FIRST_CHUNK_RATE = 1_000_000
-MIN_CHUNK_RECORDS = 10_000
-
 
 @dataclass
 class BacklogReport:
@@ -74,8 +73,8 @@ class BacklogReport:
     skipped_records: int = 0
     chunks: int = 0
     seconds: float = 0.0
-    #: The best rate a chunk ran at (records/s), which sizes the next chunks.
-    best_chunk_rate: float = 0.0
+    #: Each committed chunk: (records, seconds from the start of its job to its commit).
+    chunk_timings: list[tuple[int, float]] = field(default_factory=list)
     buckets: dict[int, BucketState] = field(default_factory=dict)
     #: Per bucket, the parts of the source its backlog was read from ("archive, log").
     read_from: dict[int, str] = field(default_factory=dict)
@@ -150,14 +149,17 @@ def _run_backlog(
         read_from = _parts(topic, generation)
     report = BacklogReport(generation.number, skipped_records=skipped, read_from=read_from)
     with publishing_progress(spark, config, report, run_id or "backlog", log):
-        # Read to the markers, then to new ones while the watermark lag asks for them.
+        # Read to the markers, then to new ones while the watermark lag or the records
+        # that arrived meanwhile ask for them.
+        residual = None
         while True:
             generation = _read_to_markers(spark, config, sink, generation, interval, report, log)
             with open_source(config) as topic:
-                extended = extend_markers(sink, topic, config, log)
+                extended = extend_markers(sink, topic, config, log, residual)
             if extended is None:
                 break
             generation = extended
+            residual = _left(generation)
             report.generation = generation.number
     report.seconds = time.monotonic() - started
     report.buckets = generation.buckets
@@ -250,8 +252,7 @@ def _read_to_markers(
         if config.backlog.boundary == "none" and sink.phase() == "realtime":
             log("backlog: the switch moved the pipeline to realtime; stopping here")
             break
-        rate = report.best_chunk_rate or FIRST_CHUNK_RATE
-        budget = left if interval == 0 else max(MIN_CHUNK_RECORDS, int(rate * interval))
+        budget = left if interval == 0 else next_chunk_records(interval, report.chunk_timings)
         start = {b: s.reached for b, s in generation.buckets.items()}
         grant = share_read_limit(
             {str(b): max(0, s.marker - s.reached) for b, s in generation.buckets.items()}, budget
@@ -285,9 +286,7 @@ def _read_to_markers(
         chunk_seconds = time.monotonic() - chunk_started
         chunk_records = sum(end[b] - start[b] for b in start)
         report.chunk = None
-        report.best_chunk_rate = max(
-            report.best_chunk_rate, chunk_records / max(chunk_seconds, 1e-3)
-        )
+        report.chunk_timings.append((chunk_records, chunk_seconds))
         report.rows_read += chunk_records
         report.rows_written += aggregated.results.num_rows
         report.bad_records += aggregated.dead_letters.num_rows

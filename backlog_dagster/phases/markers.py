@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 
 from backlog_dagster.phases.lag import watermark_lag
-from backlog_dagster.phases.policy import lag_says_backlog
+from backlog_dagster.phases.policy import lag_says_backlog, residual_says_backlog
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation, Sink
 from backlog_dagster.source import Source
@@ -148,31 +148,45 @@ def continue_backlog(
 
 
 def extend_markers(
-    sink: Sink, topic: Source, config: PipelineConfig, log: Callable[[str], None]
+    sink: Sink,
+    topic: Source,
+    config: PipelineConfig,
+    log: Callable[[str], None],
+    previous_residual: int | None = None,
 ) -> Generation | None:
-    """New markers at the log's end when every bucket reached its markers but the lag holds.
+    """New markers at the log's end when every bucket reached its markers but the backlog
+    should read on: the watermark lag is above the threshold (FLIP-328), or more records
+    arrived meanwhile than realtime should start with (``residual_says_backlog``;
+    ``previous_residual``: the records this round began with, when it is not the first).
 
-    The watermark-lag strategy keeps the pipeline in backlog while the watermark lags by
-    more than the threshold, even with the markers reached: the backlog goes on to the
-    log's new end, results kept. None, changing nothing, when the lag does not hold the
-    backlog, nothing new was appended, or the phase is no longer backlog (the switch won
-    the race: the check and the new markers are one transaction).
+    The results are kept. None, changing nothing, when neither holds, nothing new was
+    appended, or the phase is no longer backlog (the switch won the race: the check and
+    the new markers are one transaction).
     """
     generation = sink.current_generation()
-    threshold = config.backlog.watermark_lag_threshold
-    if generation is None or not generation.finished or threshold is None:
+    if generation is None or not generation.finished:
         return None
-    lag = watermark_lag(generation, topic, config, time.time())
     latest = topic.latest_offsets()
-    if not lag_says_backlog(lag, config) or not any(
-        latest.get(b, 0) > s.reached for b, s in generation.buckets.items()
-    ):
+    residual = sum(max(0, latest.get(b, 0) - s.reached) for b, s in generation.buckets.items())
+    if residual == 0:
         return None
-    reason = (
-        f"every bucket reached its marker, but {lag.describe()} is above the threshold "
-        f"{threshold:g} s: new markers at the log's end"
-    )
-    extended = sink.continue_generation(latest, reason, lag.seconds, if_phase="backlog")
+    threshold = config.backlog.watermark_lag_threshold
+    lag = None if threshold is None else watermark_lag(generation, topic, config, time.time())
+    if lag is not None and lag_says_backlog(lag, config):
+        reason = (
+            f"every bucket reached its marker, but {lag.describe()} is above the threshold "
+            f"{threshold:g} s: new markers at the log's end"
+        )
+    elif residual_says_backlog(residual, config, previous_residual):
+        reason = (
+            f"every bucket reached its marker, but {residual:,} records arrived meanwhile, "
+            f"more than backlog.residual_records ({config.backlog.residual_records:,}): "
+            "new markers at the log's end, read in batch"
+        )
+    else:
+        return None
+    lag_s = None if lag is None else lag.seconds
+    extended = sink.continue_generation(latest, reason, lag_s, if_phase="backlog")
     if extended is not None:
         log(f"generation {extended.number} ({reason}): new markers: {_describe(extended)}")
     return extended

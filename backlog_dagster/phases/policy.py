@@ -6,6 +6,11 @@ Backlog → realtime: the pipeline is in backlog while *any* configured strategy
 - watermark lag (``backlog.watermark_lag_threshold``): the lag exceeds the threshold and
   the source is not idle.
 
+At the markers, the backlog run itself may go on in batch to new markers at the log's
+end: while the watermark lag holds (FLIP-328), and, with markers, while more records
+arrived during the round than ``backlog.residual_records`` (``residual_says_backlog``):
+what piled up while the backlog ran is caught up at batch speed, not by realtime.
+
 Realtime → backlog (no FLIP has this): the watermark lag stayed above the threshold for
 ``switch.grace_period`` (a slow realtime run, or none at all, let records pile up), and
 the pipeline has been in realtime for at least ``switch.min_time_in_realtime``, doubled
@@ -56,6 +61,17 @@ def over_threshold(lag: Lag | None, config: PipelineConfig) -> tuple[float, floa
 
 def lag_says_backlog(lag: Lag | None, config: PipelineConfig) -> bool:
     return lag is not None and not lag.idle and over_threshold(lag, config) is not None
+
+
+def residual_says_backlog(residual: int, config: PipelineConfig, previous: int | None) -> bool:
+    """At its markers, whether the backlog reads on to new ones: more records arrived
+    while it ran than ``backlog.residual_records``, and fewer than at the start of this
+    round (``previous``, None for the first), so that the rounds come to an end even
+    when batch cannot outrun the input."""
+    limit = config.backlog.residual_records
+    if config.backlog.boundary != "markers" or limit == 0 or residual <= limit:
+        return False
+    return previous is None or residual < previous
 
 
 def way_backs(history: Sequence[PhaseChange], now: float) -> int:

@@ -1,0 +1,72 @@
+"""How many records the next backlog chunk takes, so that it lasts about the interval.
+
+Each chunk is given the records the latest chunks' rate (their records over their
+seconds, from the start of each job to its commit) reads in ``checkpoint_interval``.
+That rate counts what a chunk costs whatever its size (planning and starting the Spark
+job, collecting its results, the sink's commit of every key it touched), so the chunks
+settle where they take the interval: a chunk that ran long lowers the rate and the next
+is smaller, one that ran short raises it. Counting the fixed part, that rate undershoots
+while chunks are short; the line through the last two chunks' (records, seconds) sees
+the fixed part, and takes the next chunk to the interval in a step or two.
+
+Below about ``MIN_CHUNK_S`` that fixed part is most of a chunk, and a rate that counts
+it would shrink each next chunk until the backlog crawls (measured before: 0.5 s
+chunks ran at 2,000 to 17,000 records/s): a chunk is planned to take at least that.
+
+Earlier, the first chunk had a million records a second of interval: on a busy
+machine's slower rate, a 30 s interval's first chunk took every record and 70 s. So
+the first chunk assumes a modest rate and has at most ``FIRST_CHUNK_RECORDS``, and a
+chunk takes at most ``MAX_GROWTH`` times the records of the one before: a rate
+measured on small chunks is not trusted far beyond them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+#: The rate (records/s) the first chunk is sized by, before any chunk has been timed,
+#: and the most records it takes.
+FIRST_CHUNK_RATE = 250_000
+FIRST_CHUNK_RECORDS = 500_000
+MIN_CHUNK_RECORDS = 10_000
+#: A chunk is planned to take at least this long (s).
+MIN_CHUNK_S = 2.0
+#: A chunk takes at most this many times the records of the one before.
+MAX_GROWTH = 8
+#: The rate is that of this many of the latest chunks: it changes as the machine's
+#: load does.
+RECENT = 3
+
+#: A timed chunk: (records, seconds from the start of its job to its commit).
+Timing = tuple[int, float]
+
+
+def next_chunk_records(interval: float, timings: Sequence[Timing]) -> int:
+    """The records for a chunk of about ``interval`` seconds (``interval`` > 0)."""
+    if not timings:
+        return max(MIN_CHUNK_RECORDS, min(int(FIRST_CHUNK_RATE * interval), FIRST_CHUNK_RECORDS))
+    target = max(interval, MIN_CHUNK_S)
+    # The rate counts each chunk's fixed part, so it undershoots while chunks are
+    # shorter than the target; the line through the last two chunks sees the fixed
+    # part and gets there sooner (within reason: noise can flatten that line).
+    by_rate = int(chunk_rate(timings) * target)
+    records = max(by_rate, min(_by_last_two(timings, target), 3 * by_rate))
+    return max(MIN_CHUNK_RECORDS, min(records, MAX_GROWTH * timings[-1][0]))
+
+
+def _by_last_two(timings: Sequence[Timing], target: float) -> int:
+    """Where the line through the last two chunks reaches ``target`` (0 when they are
+    too alike in size to draw it, or it does not rise)."""
+    if len(timings) < 2:
+        return 0
+    (n1, s1), (n2, s2) = timings[-2], timings[-1]
+    if abs(n2 - n1) < 0.2 * max(n1, n2):
+        return 0
+    slope = (s2 - s1) / (n2 - n1)
+    return int(n2 + (target - s2) / slope) if slope > 0 else 0
+
+
+def chunk_rate(timings: Sequence[Timing]) -> float:
+    """Records per second of the latest chunks, their fixed costs counted."""
+    recent = timings[-RECENT:]
+    return sum(n for n, _ in recent) / max(sum(s for _, s in recent), 1e-3)

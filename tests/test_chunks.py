@@ -1,0 +1,46 @@
+"""Backlog chunk sizing against a simulated chunk cost: a fixed part plus a per-record one."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from backlog_dagster.phases.chunks import (
+    FIRST_CHUNK_RATE,
+    FIRST_CHUNK_RECORDS,
+    MAX_GROWTH,
+    MIN_CHUNK_S,
+    next_chunk_records,
+)
+
+
+def simulate(interval: float, fixed: float, per_record: float) -> list[tuple[int, float]]:
+    timings: list[tuple[int, float]] = []
+    for _ in range(12):
+        records = next_chunk_records(interval, timings)
+        timings.append((records, fixed + records * per_record))
+    return timings
+
+
+@pytest.mark.parametrize(
+    ("interval", "fixed", "per_record"),
+    [
+        (2, 0.8, 1 / 2_000_000),
+        (5, 0.3, 1 / 500_000),
+        (30, 0.8, 1 / 2_000_000),
+        (30, 2.0, 1 / 15_000),  # a busy machine: the old first chunk took 70 s here
+        (0.5, 0.8, 1 / 2_000_000),  # shorter than a chunk can usefully be
+    ],
+    ids=["2s", "5s", "30s", "30s-busy-machine", "0.5s"],
+)
+def test_chunks_settle_at_the_interval_without_outlasting_it(
+    interval: float, fixed: float, per_record: float
+) -> None:
+    target = max(interval, MIN_CHUNK_S)
+    timings = simulate(interval, fixed, per_record)
+    assert timings[0][0] == min(FIRST_CHUNK_RATE * interval, FIRST_CHUNK_RECORDS)
+    for (before, _), (after, _) in itertools.pairwise(timings):
+        assert after <= MAX_GROWTH * before
+    assert all(seconds <= 1.5 * target for _, seconds in timings)
+    assert all(abs(seconds - target) <= 0.1 * target for _, seconds in timings[-3:])
