@@ -212,11 +212,18 @@ def test_a_standby_run_switches_the_moment_the_backlog_lets_go(
         )
         assert change.changed_at - ended < 1.0
 
-        # A standby for a generation that a newer one replaced ends without switching.
+        # A standby follows a newer generation of its definition (the backlog went on
+        # to new markers), and switches once that one's backlog is done.
         with Topic(config.source.path) as log:
             continue_backlog(sink, log, config, "test", None, print)
     standby(generation.number)
-    assert switched == [True, False]
+    assert switched == [True, True]
+    # One replaced by a generation of another definition ends without switching.
+    with open_sink(config) as sink, Topic(config.source.path) as log:
+        markers = {b: (0, end) for b, end in log.latest_offsets().items()}
+        sink.start_generation(markers, "reset", "another definition")
+    standby(generation.number)
+    assert switched == [True, True, False]
     # As Dagster runs it, such a standby ends unused: it materializes nothing.
     result = dg.materialize(
         [realtime_asset(config)],

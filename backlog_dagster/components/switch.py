@@ -622,10 +622,13 @@ def _end_standby_of_failing_backlog(
 
 
 def _standby_of(run: dg.DagsterRun, number: int) -> bool:
-    """A standby realtime run for generation ``number`` (it waits; nobody waits for it)."""
-    return run.tags.get(STANDBY_TAG) == "true" and run.tags.get(
-        "backlog_dagster/generation"
-    ) == str(number)
+    """A standby realtime run for generation ``number`` (it waits; nobody waits for it),
+    or for an earlier one, which it follows when the backlog run goes on to new markers
+    (``phases.standby.await_switch``)."""
+    started_for = run.tags.get("backlog_dagster/generation", "")
+    return (
+        run.tags.get(STANDBY_TAG) == "true" and started_for.isdigit() and int(started_for) <= number
+    )
 
 
 def _silent(

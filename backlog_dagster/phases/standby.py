@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from backlog_dagster.phases.lag import watermark_lag
+from backlog_dagster.phases.markers import definition_of
 from backlog_dagster.phases.policy import decide
 from backlog_dagster.phases.reference import read_reference
 from backlog_dagster.phases.transform import check_against_source, partial_results, read_schema
@@ -55,15 +56,26 @@ def await_switch(
 ) -> bool:
     """Wait until the pipeline is (or may now be switched) realtime.
 
-    False when stopped first, or when a newer generation replaced ``generation_number``
-    (the switch sensor then starts another standby for it).
+    A newer generation of the same definition is followed: the backlog run took new
+    markers at the log's end (records arrived meanwhile, or the watermark lag held),
+    and this standby's Spark and code serve it as well; ending here would leave the
+    switch to a realtime run started cold. False when stopped first, or when a
+    generation of another definition replaced ``generation_number`` (the switch sensor
+    then starts another standby for it).
     """
     log(f"standby: Spark is up; waiting for generation {generation_number}'s backlog to end")
+    definition = definition_of(config)
     while not should_stop():
         current = sink.current_generation()
-        if current is None or current.number != generation_number:
+        if current is None or current.definition != definition:
             log(f"standby: generation {generation_number} was replaced; ending")
             return False
+        if current.number != generation_number:
+            log(
+                f"standby: generation {generation_number} went on as generation "
+                f"{current.number} ({current.reason}); waiting for its backlog to end"
+            )
+            generation_number = current.number
         if sink.phase() == "realtime":
             return True
         with sink.run_lock("standby realtime run", wait_s=0) as held:
