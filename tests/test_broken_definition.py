@@ -13,6 +13,10 @@ results equal the oracle over every record.
 The same session is looked at in headless Chromium: while the fixed backlog runs, the
 backlog asset's overview shows its progress and ETA and the sensor's page says where the
 pipeline is; after the switch, the realtime asset's overview shows the phase and the lag.
+
+Then two pipelines are added to the running deployment, each taken by its sensor from
+backlog to realtime under the daemon: the example's region_daily (its own PySpark
+function, sliding windows, sketches) and a stateless pipeline; both against oracles.
 """
 
 from __future__ import annotations
@@ -31,7 +35,15 @@ from backlog_dagster.sink import open_sink
 from tests.browser import chromium, page_showing, screenshot
 from tests.conftest import MakeTopic
 from tests.dagster_server import copy_example
-from tests.pipelines import assert_same, customer_totals_oracle, example_config, records_up_to
+from tests.pipelines import (
+    LARGE_ORDERS,
+    assert_each_kept_once,
+    assert_same,
+    assert_sketched,
+    customer_totals_oracle,
+    example_config,
+    records_up_to,
+)
 from tests.test_archive import END_S, archive
 from tests.test_switch import runs_of, sink_state, wait_until
 
@@ -42,6 +54,8 @@ BROKEN_FILTER = "amout > 0"
 #: machine, left one progress observation 4.5 s before the materialization replaced it
 #: on the overview, which the browser, reloading every 3 s, sometimes missed.
 RECORDS = 1_200_000
+#: The backlog of each pipeline added to the running deployment (the log's last records).
+ADDED_BACKLOG = 100_000
 
 
 def test_a_broken_definition_fixed_in_place_runs_without_a_reset(
@@ -49,19 +63,32 @@ def test_a_broken_definition_fixed_in_place_runs_without_a_reset(
 ) -> None:
     topic = make_topic(records=RECORDS, buckets=2, name="example/orders")
     everything = records_up_to(topic, topic.latest_offsets())
+    # The pipelines added later start near the log's end: a short backlog each.
+    late_start = {b: max(0, end - ADDED_BACKLOG // 2) for b, end in topic.latest_offsets().items()}
+    recent = records_up_to(topic, topic.latest_offsets(), late_start)
     archive(topic.path, tmp_path / "example" / "archive", END_S - 50, "--truncate")
     assert all(b.earliest > 0 for b in topic.bounds().values())
     project = tmp_path / "project"
 
+    added_later: dict[str, dict[str, Any]] = {}
+
     def only_customer_totals(attributes: dict[str, Any]) -> bool:
-        attributes["transform"]["filter"] = BROKEN_FILTER
         attributes["source"]["archive"] = {"path": "example/archive", "format": "parquet"}
-        # Reports and ticks often enough for a browser to see them within seconds.
-        attributes["switch"] |= {"interval": "2s", "status_every": "1s", "report_every": "2s"}
         # One core: the backlog takes long enough to be looked at, and leaves the other
         # core to the tests beside this one.
         attributes["spark_master"] = "local[1]"
-        return attributes["name"] == "customer_totals"
+        if attributes["name"] != "customer_totals":
+            # Added once the browser is done: both cores, no standby's JVM besides, and
+            # a short backlog.
+            attributes["spark_master"] = "local[*]"
+            attributes["switch"]["standby"] = False
+            attributes["source"]["start"] = {"offsets": late_start}
+            added_later[attributes["name"]] = attributes
+            return False
+        attributes["transform"]["filter"] = BROKEN_FILTER
+        # Reports and ticks often enough for a browser to see them within seconds.
+        attributes["switch"] |= {"interval": "2s", "status_every": "1s", "report_every": "2s"}
+        return True
 
     copy_example(project, only_customer_totals)
     defs = project / "definitions" / "defs" / "customer_totals" / "defs.yaml"
@@ -100,6 +127,29 @@ def test_a_broken_definition_fixed_in_place_runs_without_a_reset(
             the_ui_shows_the_backlog_then_the_realtime_phase(
                 browser, f"http://127.0.0.1:{server.port}", fixed, tmp_path / "screenshots"
             )
+        # Two pipelines added to the running deployment: the example's region_daily
+        # (its own function, sliding windows, sketches) and a stateless one. Each runs
+        # under the daemon from its sensor's first tick to realtime.
+        daily = added_later["region_daily"]
+        added_later["large_orders"] = {
+            **daily,
+            "name": "large_orders",
+            "transform": LARGE_ORDERS,
+            "sink": {**daily["sink"], "table": "large_orders"},
+        }
+        for name, attributes in added_later.items():
+            (defs.parents[1] / name).mkdir()
+            document = {"type": "backlog_dagster.BacklogPipeline", "attributes": attributes}
+            (defs.parents[1] / name / "defs.yaml").write_text(yaml.safe_dump(document))
+        client.reload_repository_location("example")
+        added = {name: example_config(name, tmp_path, project) for name in added_later}
+        wait_until(
+            lambda: all(sink_state(added, name)[0] == "realtime" for name in added),
+            400,
+            "the added pipelines to switch",
+        )
+        assert assert_sketched(added["region_daily"], recent, recent["amount"] * 1.2)
+        assert_each_kept_once(added["large_orders"], recent)
         with open_sink(fixed["customer_totals"]) as sink:
             results = sink.read_results().to_pandas()
         columns = ["customer_id", "total_amount", "orders", "largest_amount"]
