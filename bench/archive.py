@@ -17,7 +17,6 @@ over the log's) and its section of ``BENCHMARKS.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cases import _totals, ours
-from report import backlog_cases, case_rows, machine_line, replace_section
+from report import backlog_cases, case_rows, machine_line, publish
 from run import _example, _fresh_sink, _topic, machine
 
 from backlog_dagster.log import Topic
@@ -37,9 +36,6 @@ from backlog_dagster.log.archive import archive_before
 from backlog_dagster.pipeline.config import PipelineConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-BEGIN = "<!-- bench/archive.py: begin (generated; edit bench/archive.py instead) -->"
-END = "<!-- bench/archive.py: end -->"
 
 
 def main() -> None:
@@ -52,10 +48,7 @@ def main() -> None:
         results = measure(scratch, args.records, args.repeat)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{datetime.now(UTC):%Y-%m-%d}-archive.json"
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    replace_section(ROOT / "BENCHMARKS.md", BEGIN, END, _markdown(results))
+    path = publish("archive", results, "archive.py", _markdown(results))
     print(f"wrote {path} and BENCHMARKS.md")
 
 

@@ -36,7 +36,11 @@ def ours(spark: SparkSession, config: PipelineConfig, interval: float) -> dict[s
     started = time.perf_counter()
     with open_sink(config) as sink:
         report = run_backlog(spark, config, sink, checkpoint_interval=interval, log=lambda _: None)
-    return {"seconds": time.perf_counter() - started, "records": report.rows_read}
+    return {
+        "seconds": time.perf_counter() - started,
+        "records": report.rows_read,
+        "chunks": report.chunk_timings,
+    }
 
 
 def pure_batch(spark: SparkSession, topic: Topic, sink_path: Path) -> dict[str, Any]:

@@ -72,6 +72,7 @@ def main() -> None:
             "trials": trials,
             "sessions": sessions,
             "summary": summarize(trials),
+            "recovery": recovery(trials),
             "bench_seconds": round(earlier["bench_seconds"] + time.monotonic() - started, 1),
         }
         RESULTS.mkdir(parents=True, exist_ok=True)
@@ -147,6 +148,16 @@ def summarize(trials: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "recovery_s_max": max(recovery) if recovery else None,
         }
     return summary
+
+
+def recovery(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """Seconds from the kill until the pipelines it hit committed in realtime again, over
+    every trial that recovered, whatever its kill point."""
+    seconds = [t["recovery_s"] for t in trials if t.get("recovery_s") is not None]
+    return {
+        "median_s": statistics.median(seconds) if seconds else None,
+        "trials": len(seconds),
+    }
 
 
 def markdown(figures: dict[str, Any]) -> str:

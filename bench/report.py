@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
 import statistics
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,22 @@ def write_plot(figures: dict[str, Any], path: Path) -> None:
 def write_markdown(figures: dict[str, Any], stem: Path, benchmarks: Path) -> None:
     """Replace the generated part of ``benchmarks`` (or append it) with this run's tables."""
     replace_section(benchmarks, BEGIN, END, _markdown(figures, stem))
+
+
+def publish(name: str, results: dict[str, Any], script: str, section: str) -> Path:
+    """Write ``results`` to ``bench/results/<date>-<name>.json`` and ``section`` between
+    ``script``'s markers in ``BENCHMARKS.md``; the JSON's path."""
+    root = Path(__file__).resolve().parent.parent
+    path = root / "bench" / "results" / f"{datetime.now(UTC):%Y-%m-%d}-{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    replace_section(
+        root / "BENCHMARKS.md",
+        f"<!-- bench/{script}: begin (generated; edit bench/{script} instead) -->",
+        f"<!-- bench/{script}: end -->",
+        section,
+    )
+    return path
 
 
 def replace_section(benchmarks: Path, begin: str, end: str, body: str) -> None:

@@ -569,7 +569,7 @@ def _fresh_sink(
 def _median_rate(results: list[dict[str, Any]]) -> dict[str, Any]:
     seconds = [r["seconds"] for r in results]
     median = statistics.median(seconds)
-    extra = {k: v for k, v in results[0].items() if k not in ("seconds", "records")}
+    extra = {k: v for k, v in results[0].items() if k not in ("seconds", "records", "chunks")}
     return {
         "seconds": seconds,
         "median_seconds": median,

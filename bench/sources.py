@@ -17,7 +17,6 @@ Writes ``bench/results/<date>-sources.json`` and its section of ``BENCHMARKS.md`
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cases import ours
-from report import backlog_cases, case_rows, machine_line, replace_section
+from report import backlog_cases, case_rows, machine_line, publish
 from run import _example, _fresh_sink, _topic, machine
 
 from backlog_dagster.kafka.mock_broker import held_everything, mock_broker
@@ -37,9 +36,6 @@ from backlog_dagster.kafka.workload import ORDERS_RECORD_SCHEMA, KafkaOrders
 from backlog_dagster.pipeline.config import PipelineConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-BEGIN = "<!-- bench/sources.py: begin (generated; edit bench/sources.py instead) -->"
-END = "<!-- bench/sources.py: end -->"
 #: Records sent to one partition before the next: the mock cluster keeps 5 MB a
 #: partition, so the records are spread evenly rather than keyed (one customer alone
 #: has 8 % of the orders).
@@ -57,10 +53,7 @@ def main() -> None:
         results = measure(scratch, args.records, args.repeat, args.partitions)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{datetime.now(UTC):%Y-%m-%d}-sources.json"
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    replace_section(ROOT / "BENCHMARKS.md", BEGIN, END, _markdown(results))
+    path = publish("sources", results, "sources.py", _markdown(results))
     print(f"wrote {path} and BENCHMARKS.md")
 
 

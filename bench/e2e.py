@@ -1,0 +1,413 @@
+"""The example project as users run it: every pipeline under ``dagster dev``, start to fresh.
+
+    .venv/bin/python bench/e2e.py [--records 20000000] [--live-rate 20000] [--repeat 3]
+
+Each run: a fresh data folder with ``records`` reference orders (8 buckets, event times
+over five days), a live producer appending ``live_rate`` orders a second (its own
+process), and ``dagster dev`` on a copy of the example project, every pipeline as
+shipped. Two cases, alternating, ``repeat`` runs each:
+
+- ``as shipped``: a backlog run that reaches its markers with more than
+  ``backlog.residual_records`` (100,000) records after them reads on in batch;
+- ``switch at the first markers``: the same with ``residual_records: 0``, as before it.
+
+Timed from ``dagster dev``'s start, per pipeline:
+
+- ``switch_s``: its phase became realtime;
+- ``fresh_s``: from then on its lag stays under one second of input. The lag is the
+  records the log holds beyond what the sink committed, over ``live_rate``, sampled
+  every 0.25 s; a micro-batch's records wait up to its checkpoint interval by design,
+  so the lag counted is the smallest in each window of that interval plus 0.5 s (what
+  is left just after each commit); ``settled_s`` the same under three seconds of input,
+  and a run ends once every pipeline has held that for 30 s (or at ``--timeout``);
+- ``backlog_records_per_s``: the records of every backlog round before the first switch
+  over the time from the first markers to the last of those commits;
+- ``switch_gap_s``: that last backlog commit to the first realtime one;
+- ``realtime_p99_s``: append to visible result, every record appended from 30 s after
+  the last pipeline was fresh to the end of the run (``bench/cases.py``'s
+  ``record_latencies``).
+
+And the peak resident memory of every process under ``dagster dev`` (the largest sum at
+one moment). Beside it, in one warm process: each pipeline's backlog over the same
+``records`` (``checkpoint_interval`` 0), one after the other, and a Spark start, to set
+the target: time to fresh within 1.5 times their sum.
+
+Writes ``bench/results/<date>-e2e.json`` and its section of ``BENCHMARKS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cases import ProgressPoller, record_latencies, wait_until
+from report import machine_line, publish
+from run import MemorySampler, _topic, machine
+
+from backlog_dagster.components.dev_server import copy_project, dagster_dev
+from backlog_dagster.components.pipeline import with_paths_under
+from backlog_dagster.log import Topic
+from backlog_dagster.pipeline.load import load_pipeline
+from backlog_dagster.sink import open_sink
+
+ROOT = Path(__file__).resolve().parent.parent
+PIPELINES = ("customer_totals", "region_minutes", "region_daily")
+CASES = {"as_shipped": None, "switch_at_first_markers": 0}
+#: Lag under this many seconds of input is fresh; the second, looser bound is reported
+#: too (a loaded machine's micro-batches may never get under the first), and a run ends
+#: once every pipeline has held under it for ``HOLD_S``.
+FRESH_S = 1.0
+SETTLED_S = 3.0
+#: How long every pipeline must have been fresh before a run ends (s).
+HOLD_S = 30.0
+POLL_S = 0.25
+HEADER = (
+    "| case | pipeline | switch (s) | fresh (s) | under 3 s (s) | backlog rounds "
+    "| backlog records/s | switch gap (s) | realtime p99 (s) |\n"
+    "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=20_000_000)
+    parser.add_argument("--live-rate", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
+    started = time.perf_counter()
+    try:
+        runs: dict[str, list[dict[str, Any]]] = {case: [] for case in CASES}
+        for rep in range(args.repeat):
+            for case, residual in CASES.items():
+                run = one_run(scratch / f"{case}-{rep}", args, residual, seed=10 + rep)
+                runs[case].append(run)
+                print(f"{case} run {rep + 1}: {json.dumps(run['pipelines'])}", flush=True)
+        in_process = in_one_process(scratch / "in-process", args.records)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    results = {
+        "records": args.records,
+        "live_rate": args.live_rate,
+        "repeat": args.repeat,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "cases": {case: summarize(case_runs) for case, case_runs in runs.items()},
+        "runs": runs,
+        "in_process": in_process,
+        "bench_seconds": round(time.perf_counter() - started, 1),
+    }
+    path = publish("e2e", results, "e2e.py", _markdown(results))
+    print(f"wrote {path} and BENCHMARKS.md in {results['bench_seconds']:.0f} s")
+
+
+def one_run(
+    data: Path, args: argparse.Namespace, residual: int | None, seed: int
+) -> dict[str, Any]:
+    """The example under ``dagster dev`` from start until every pipeline held fresh."""
+    topic_path = data / "example" / "orders"
+    _topic(topic_path, args.records).close()
+    project = data / "project"
+
+    def edit(attributes: dict[str, Any]) -> bool:
+        if residual is not None:
+            attributes.setdefault("backlog", {})["residual_records"] = residual
+        return True
+
+    copy_project(ROOT, project, edit)
+    configs = {
+        name: with_paths_under(
+            load_pipeline(project / "definitions" / "defs" / name / "defs.yaml"), data
+        )
+        for name in PIPELINES
+    }
+    producer = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("backlog-dagster")),
+            *("log", "produce", str(topic_path), "--records", "0"),
+            *("--live-rate", str(args.live_rate), "--seed", str(seed)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    sink_path = data / "example" / "results.sqlite"
+    memory = MemorySampler()
+    lags = LagSampler(topic_path, sink_path, PIPELINES)
+    pollers = {p: ProgressPoller(sink_path, p) for p in PIPELINES}
+    try:
+        with dagster_dev(project, data / "dagster_home", data) as server:
+            began = time.time()
+            memory.watch(server.pid)
+            lags.start()
+            wait_until(sink_path.exists, 300, "the sink to be made")
+            for poller in pollers.values():
+                poller.start()
+            intervals = {p: configs[p].realtime.checkpoint_interval for p in PIPELINES}
+
+            def held_fresh() -> bool:
+                settled = [
+                    fresh_since(lags.series(p), intervals[p], args.live_rate, SETTLED_S)
+                    for p in PIPELINES
+                ]
+                return all(f is not None and time.time() - f >= HOLD_S for f in settled)
+
+            deadline = time.monotonic() + args.timeout
+            while not held_fresh() and time.monotonic() < deadline:
+                time.sleep(1)
+            with Topic(topic_path) as topic:
+                latency_from = topic.latest_offsets()
+            time.sleep(HOLD_S)
+            with Topic(topic_path) as topic:
+                latency_to = topic.latest_offsets()
+            time.sleep(5)  # those records' commits
+            peak = memory.stop()
+            lags.stop()
+            for poller in pollers.values():
+                poller.stop()
+            with Topic(topic_path) as topic:
+                figures = {
+                    p: pipeline_figures(
+                        configs[p],
+                        began,
+                        {
+                            name: fresh_since(lags.series(p), intervals[p], args.live_rate, bound)
+                            for name, bound in (("fresh_s", FRESH_S), ("settled_s", SETTLED_S))
+                        },
+                        record_latencies(topic, pollers[p], latency_from, latency_to),
+                    )
+                    for p in PIPELINES
+                }
+    finally:
+        memory.stop()
+        lags.stop()
+        producer.terminate()
+        producer.wait(30)
+        shutil.rmtree(data, ignore_errors=True)
+    return {"pipelines": figures, "memory_peak_mib": peak}
+
+
+NEWEST_PROGRESS = (
+    "SELECT bucket, reached FROM backlog_buckets WHERE pipeline = ? AND generation = "
+    "(SELECT max(generation) FROM backlog_buckets WHERE pipeline = ?)"
+)
+
+
+class LagSampler(threading.Thread):
+    """Every ``POLL_S``: per pipeline, the records the log holds beyond the sink's progress."""
+
+    def __init__(self, topic_path: Path, sink_path: Path, pipelines: tuple[str, ...]) -> None:
+        super().__init__(daemon=True)
+        self.topic_path, self.sink_path, self.pipelines = topic_path, sink_path, pipelines
+        self.samples: dict[str, list[tuple[float, int]]] = {p: [] for p in pipelines}
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        with Topic(self.topic_path) as topic:
+            while not self.stopping.wait(POLL_S):
+                latest = topic.latest_offsets()
+                try:
+                    with sqlite3.connect(self.sink_path) as db:
+                        for pipeline in self.pipelines:
+                            reached = dict(
+                                db.execute(
+                                    NEWEST_PROGRESS,
+                                    (pipeline, pipeline),
+                                ).fetchall()
+                            )
+                            if reached:
+                                behind = sum(latest[b] - reached.get(b, 0) for b in latest)
+                                with self.lock:
+                                    self.samples[pipeline].append((time.time(), behind))
+                except sqlite3.OperationalError:
+                    continue  # the sink's tables are not made yet
+
+    def series(self, pipeline: str) -> list[tuple[float, int]]:
+        with self.lock:
+            return list(self.samples[pipeline])
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.is_alive():
+            self.join(10)
+
+
+def fresh_since(
+    samples: list[tuple[float, int]], interval: float, live_rate: int, bound_s: float
+) -> float | None:
+    """Since when the lag just after each commit has stayed under ``bound_s`` of input:
+    the smallest sample in each window of ``interval`` + 0.5 s, from then to the last."""
+    window = interval + 0.5
+    limit = bound_s * live_rate
+    since = None
+    for index, (at, _) in enumerate(samples):
+        low = min(lag for t, lag in samples[index:] if t <= at + window)
+        since = (since or at) if low < limit else None
+    return since
+
+
+def pipeline_figures(
+    config: Any, began: float, fresh: dict[str, float | None], latencies: np.ndarray
+) -> dict[str, Any]:
+    """One pipeline's times from its sink, up to its first switch (a way back later
+    starts backlog rounds of its own): switch, backlog rounds and rate, switch gap."""
+    with open_sink(config) as sink:
+        history = sink.phase_history()
+    switched = next((c.changed_at for c in history if c.phase == "realtime"), None)
+    until = float("inf") if switched is None else switched
+    with sqlite3.connect(config.sink.path) as db:
+        (first_markers, rounds) = db.execute(
+            "SELECT min(created_at), count(*) FROM backlog_generations "
+            "WHERE pipeline = ? AND created_at <= ?",
+            (config.name, until),
+        ).fetchone()
+        (last_backlog, backlog_records) = db.execute(
+            "SELECT max(committed_at), sum(records) FROM backlog_commits "
+            "WHERE pipeline = ? AND phase = 'backlog' AND committed_at <= ?",
+            (config.name, until),
+        ).fetchone()
+        (first_realtime,) = db.execute(
+            "SELECT min(committed_at) FROM backlog_commits "
+            "WHERE pipeline = ? AND phase = 'realtime'",
+            (config.name,),
+        ).fetchone()
+    gap = None if first_realtime is None else round(first_realtime - last_backlog, 1)
+    return {
+        "switch_s": None if switched is None else round(switched - began, 1),
+        **{name: None if at is None else round(at - began, 1) for name, at in fresh.items()},
+        "backlog_records": backlog_records,
+        "backlog_rounds": rounds,
+        "backlog_records_per_s": round(backlog_records / (last_backlog - first_markers)),
+        "switch_gap_s": gap,
+        "realtime_p99_s": round(float(np.percentile(latencies, 99)), 3) if len(latencies) else None,
+    }
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for pipeline in PIPELINES:
+        summary[pipeline] = {
+            figure: _median([run["pipelines"][pipeline][figure] for run in runs])
+            for figure in runs[0]["pipelines"][pipeline]
+        }
+    for figure in ("fresh_s", "settled_s"):
+        summary[f"{figure}_all"] = _median(
+            [_latest([run["pipelines"][p][figure] for p in PIPELINES]) for run in runs]
+        )
+    summary["memory_peak_mib_sum_of_all"] = max(
+        run["memory_peak_mib"]["sum_of_all"] for run in runs
+    )
+    return summary
+
+
+def _latest(times: list[float | None]) -> float | None:
+    """When every pipeline was there: the latest, None if one never was."""
+    return None if None in times else max(t for t in times if t is not None)
+
+
+def _median(values: list[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return round(statistics.median(present), 3) if present else None
+
+
+def in_one_process(folder: Path, records: int) -> dict[str, Any]:
+    """Each example pipeline's backlog over ``records`` in one warm process, and a Spark
+    start in a fresh one: the target's parts."""
+    from backlog_dagster.phases.backlog import run_backlog
+    from backlog_dagster.spark.session import get_session
+
+    sys.path.insert(0, str(ROOT))  # region_daily's function is the example project's
+    _topic(folder / "example" / "orders", records).close()
+    started = time.perf_counter()
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from backlog_dagster.spark.session import get_session as g; "
+            "g('local[*]', app_name='bench-start').range(1).count()",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    spark_start = time.perf_counter() - started
+    spark = get_session("local[*]", app_name="bench-e2e-in-process")
+    spark.sparkContext.setLogLevel("ERROR")
+    seconds: dict[str, float] = {}
+    for name in PIPELINES:
+        config = with_paths_under(
+            load_pipeline(ROOT / "definitions" / "defs" / name / "defs.yaml"), folder
+        )
+        config = config.model_copy(
+            update={"backlog": config.backlog.model_copy(update={"checkpoint_interval": 0})}
+        )
+        began = time.perf_counter()
+        with open_sink(config) as sink:
+            report = run_backlog(spark, config, sink, log=lambda _: None)
+        seconds[name] = round(time.perf_counter() - began, 2)
+        print(f"in one process: {name} {report.rows_read:,} records in {seconds[name]} s")
+    spark.stop()
+    total = sum(seconds.values()) + spark_start
+    return {
+        "backlog_s": seconds,
+        "spark_start_s": round(spark_start, 2),
+        "target_fresh_s": round(1.5 * total, 1),
+    }
+
+
+def _markdown(results: dict[str, Any]) -> str:
+    cases = results["cases"]
+    labels = {"as_shipped": "as shipped", "switch_at_first_markers": "switch at the first markers"}
+    rows = []
+    for case, label in labels.items():
+        for pipeline in PIPELINES:
+            f = cases[case][pipeline]
+            rows.append(
+                f"| {label} | {pipeline} | {f['switch_s']} | {f['fresh_s']} | {f['settled_s']} | "
+                f"{f['backlog_rounds']} | {f['backlog_records_per_s']:,} | {f['switch_gap_s']} | "
+                f"{f['realtime_p99_s']} |"
+            )
+    table = "\n".join(rows)
+    in_process = results["in_process"]
+    parts = ", ".join(f"{name} {s:.1f} s" for name, s in in_process["backlog_s"].items())
+    spark_start = in_process["spark_start_s"]
+    memory = cases["as_shipped"]["memory_peak_mib_sum_of_all"]
+    return f"""## The example as users run it (`bench/e2e.py`)
+
+{results["date"][:10]}: every example pipeline under `dagster dev`, a
+{results["records"]:,}-record backlog and a live producer at {results["live_rate"]:,}
+records/s, {results["repeat"]} runs per case, alternating (medians). Seconds from
+`dagster dev`'s start. *Fresh*: from then on the lag just after each commit stays under
+one second of input. {machine_line(results["machine"])}
+
+{HEADER}
+{table}
+
+Every pipeline fresh: {cases["as_shipped"]["fresh_s_all"]} s as shipped,
+{cases["switch_at_first_markers"]["fresh_s_all"]} s switching at the first markers
+(*None*: not within the run); every pipeline under 3 s of input:
+{cases["as_shipped"]["settled_s_all"]} s and
+{cases["switch_at_first_markers"]["settled_s_all"]} s.
+The same backlogs in one warm process: {parts}; a Spark start {spark_start:.1f} s;
+target for every pipeline fresh (1.5 times their sum): {in_process["target_fresh_s"]} s.
+Peak memory of every process at one moment: {memory:,.0f} MiB.
+"""
+
+
+if __name__ == "__main__":
+    main()
