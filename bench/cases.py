@@ -6,6 +6,7 @@ sum, count and largest amount) to the same kind of sink, an SQLite file.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
@@ -17,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from backlog_dagster.log import Topic
+from backlog_dagster.phases.micro_batch import MicroBatchTimings, timings_log
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import open_sink
 
@@ -219,3 +221,86 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what}")
         time.sleep(0.2)
+
+
+#: Spark's durations (``StreamingQueryProgress.durationMs``) a breakdown reports apart.
+SPARK_PARTS = ("latestOffset", "queryPlanning", "walCommit", "commitOffsets")
+
+
+class MicroBatchBreakdown(logging.Handler):
+    """Where each micro-batch of a query in this process spends its time.
+
+    Spark's part comes from the query's progress events (a listener), ours from the
+    commit's DEBUG timings (``phases.micro_batch.timings_log``): the commit runs in this
+    process on a local Spark. Only micro-batches that read records count.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.progress: dict[int, dict[str, float]] = {}
+        self.ours: dict[int, MicroBatchTimings] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        timings = getattr(record, "micro_batch", None)
+        if timings is not None:
+            self.ours[timings.batch_id] = timings
+
+    def listen(self, spark: SparkSession) -> None:
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        progress = self.progress
+
+        class Listener(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:
+                pass
+
+            def onQueryProgress(self, event: Any) -> None:
+                if event.progress.numInputRows:
+                    progress[event.progress.batchId] = dict(event.progress.durationMs)
+
+            def onQueryIdle(self, event: Any) -> None:
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:
+                pass
+
+        self._listener = Listener()
+        spark.streams.addListener(self._listener)
+        timings_log.addHandler(self)
+        timings_log.setLevel(logging.DEBUG)
+
+    def stop(self, spark: SparkSession) -> None:
+        spark.streams.removeListener(self._listener)
+        timings_log.removeHandler(self)
+
+    def summary(self) -> dict[str, Any]:
+        """Per part, the median and p99 seconds over the micro-batches both saw."""
+        batches = sorted(set(self.progress) & set(self.ours))
+        parts: dict[str, list[float]] = {}
+
+        def add(name: str, seconds: float) -> None:
+            parts.setdefault(name, []).append(seconds)
+
+        for batch in batches:
+            spark, ours = self.progress[batch], self.ours[batch]
+            for name in SPARK_PARTS:
+                add(f"spark {name}", spark.get(name, 0) / 1000)
+            add("commit: prepare", ours.prepare_s)
+            add("commit: read, transform, aggregate (Spark job)", ours.aggregate_s)
+            add("commit: sink transaction", ours.sink_commit_s)
+            ours_s = ours.prepare_s + ours.aggregate_s + ours.sink_commit_s
+            add("foreachBatch call, outside the commit", spark.get("addBatch", 0) / 1000 - ours_s)
+            known = sum(spark.get(n, 0) for n in SPARK_PARTS) + spark.get("addBatch", 0)
+            add("spark other", (spark.get("triggerExecution", 0) - known) / 1000)
+            add("micro-batch total", spark.get("triggerExecution", 0) / 1000)
+            add("records", ours.records)
+        return {
+            "micro_batches": len(batches),
+            "parts": {
+                name: {
+                    "median": float(np.median(values)),
+                    "p99": float(np.percentile(values, 99)),
+                }
+                for name, values in parts.items()
+            },
+        }

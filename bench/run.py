@@ -43,6 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cases import (
+    MicroBatchBreakdown,
     ProgressPoller,
     ours,
     plain_streaming,
@@ -269,17 +270,25 @@ def latency(scratch: Path, preset: Preset, master: str) -> list[dict[str, Any]]:
 
 
 def _latency_at(
-    spark: SparkSession, scratch: Path, preset: Preset, interval: float
+    spark: SparkSession,
+    scratch: Path,
+    preset: Preset,
+    interval: float,
+    realtime_settings: dict[str, Any] | None = None,
+    name: str = "",
 ) -> dict[str, Any]:
+    """Append → visible per record at ``interval`` s micro-batches (and any other
+    ``realtime`` settings), with where each micro-batch spent its time."""
     from backlog_dagster.phases.backlog import run_backlog
     from backlog_dagster.phases.realtime import run_realtime
 
-    folder = scratch / f"latency-{interval:g}"
+    folder = scratch / (name or f"latency-{interval:g}")
     topic = _topic(folder / "example" / "orders", 100_000)
     config = _example(folder)
-    config = config.model_copy(
-        update={"realtime": config.realtime.model_copy(update={"checkpoint_interval": interval})}
-    )
+    settings = {"checkpoint_interval": interval, **(realtime_settings or {})}
+    config = config.model_copy(update={"realtime": config.realtime.model_copy(update=settings)})
+    breakdown = MicroBatchBreakdown()
+    breakdown.listen(spark)
     with open_sink(config) as sink:
         run_backlog(spark, config, sink, log=lambda _: None)
     stop = threading.Event()
@@ -330,6 +339,7 @@ def _latency_at(
     poller.stop()
     stop.set()
     runner.join(120)
+    breakdown.stop(spark)
     topic.close()
     if errors:
         raise errors[0]
@@ -347,6 +357,7 @@ def _latency_at(
         "max_s": float(seconds.max()),
         "histogram_s": edges.tolist(),
         "histogram_counts": counts.tolist(),
+        "breakdown": breakdown.summary(),
     }
     print(
         f"latency at {interval:g} s batches, {row['live_rate_reached']:,.0f} records/s: "

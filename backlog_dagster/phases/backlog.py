@@ -46,9 +46,9 @@ from backlog_dagster.phases.progress import RunProgress
 from backlog_dagster.phases.reference import Reference, read_reference
 from backlog_dagster.phases.transform import (
     check_against_source,
-    observe_buckets,
     partial_results,
     read_schema,
+    watch_buckets,
 )
 from backlog_dagster.phases.truncation import handle_truncation, removed_unread
 from backlog_dagster.pipeline.config import PipelineConfig
@@ -355,21 +355,11 @@ def _aggregate(
     end: dict[int, int],
     reference: Reference | None,
 ) -> tuple[Aggregated, dict[int, int | None]]:
-    """The chunk's partial results, and each bucket's latest event time read.
-
-    When the event time is the log's own record time, the log answers that from its
-    blob index for free; otherwise the Spark job observes it (which costs a good part
-    of the aggregation's time, measured: about half again).
-    """
+    """The chunk's partial results, and each bucket's latest event time read."""
     with open_source(config) as topic:
         records = topic.read_batch(spark, read_schema(config, topic), start, end)
-        by_log = topic.timestamp_column == config.source.event_time
-        if by_log:
-            event_times = {b: topic.max_record_time(b, start[b], end[b]) for b in start}
-    if by_log:
-        return collect(partial_results(records, config, reference=reference)), event_times
-    observed, seen = observe_buckets(records, config, sorted(start))
-    aggregated = collect(partial_results(observed, config, reference=reference))
+        watched, seen = watch_buckets(records, config, topic, start, end)
+    aggregated = collect(partial_results(watched, config, reference=reference))
     return aggregated, {b: s.event_time_us for b, s in (seen() or {}).items()}
 
 

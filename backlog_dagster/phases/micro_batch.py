@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import operator
 import threading
 import time
@@ -37,8 +38,8 @@ from backlog_dagster.phases.reference import Reference, read_reference
 from backlog_dagster.phases.transform import (
     LateWindows,
     earliest_window_end,
-    observe_buckets,
     partial_results,
+    watch_buckets,
     window_ends,
 )
 from backlog_dagster.phases.watermark import arrival_watermarks, judged_by_arrival
@@ -57,6 +58,10 @@ from backlog_dagster.spark.records import APPENDED_COLUMN, BUCKET_COLUMN, OFFSET
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+#: Each commit's timings go here at DEBUG, as the record's ``micro_batch`` attribute (a
+#: ``MicroBatchTimings``): where Spark runs the commit, its own log shows them.
+timings_log = logging.getLogger(__name__)
+
 #: How long a commit waits for its run to hold the run lock again (a run whose sink's
 #: server restarted takes it again within its next status round) before it calls its
 #: run gone.
@@ -72,6 +77,21 @@ MOVED = "backlog-dagster found the progress moved: "
 #: What a commit says first when it cannot open the sink where it runs (on Spark
 #: Connect: the server's host, which may not reach what the run's host reaches).
 UNREACHABLE = "backlog-dagster cannot reach the sink from where the commit runs: "
+
+
+@dataclass(frozen=True)
+class MicroBatchTimings:
+    """Where one micro-batch's commit spent its time. Spark's own share (finding the
+    latest offsets, planning, its offset and commit logs) is in the query's progress."""
+
+    batch_id: int
+    records: int
+    #: Reading the batch's range, the late check and the reference data (driver side).
+    prepare_s: float
+    #: The Spark job: read the records from the source, transform, aggregate, collect.
+    aggregate_s: float
+    #: The sink's transaction: merge the results and move the progress.
+    sink_commit_s: float
 
 
 class RunGone(RuntimeError):
@@ -116,11 +136,15 @@ class MicroBatchCommit:
 
     def _commit(self, sink: Sink, held: Generation, batch: DataFrame, batch_id: int) -> None:
         config = self.config
+        started = time.monotonic()
         start, end = batch_range(Path(self.checkpoint), batch_id, self.starting)
-        observed, seen = observe_buckets(batch, config, sorted(end))
-        on_time, late, late_windows = _split_late(observed, config, held)
+        with open_source(config) as topic:
+            watched, seen = watch_buckets(batch, config, topic, start, end)
+        on_time, late, late_windows = _split_late(watched, config, held)
         reference = _reference_for(config, sink)
+        prepared = time.monotonic()
         aggregated = collect(partial_results(on_time, config, late_windows, reference))
+        aggregated_at = time.monotonic()
         try:
             refuse_bad_records(config, aggregated.dead_letters)
         except BadRecord as bad:
@@ -151,6 +175,23 @@ class MicroBatchCommit:
             return
         except ProgressConflict as conflict:
             raise RuntimeError(f"{MOVED}{conflict}") from None
+        timings = MicroBatchTimings(
+            batch_id,
+            sum(end[b] - begins[b] for b in moved),
+            prepared - started,
+            aggregated_at - prepared,
+            time.monotonic() - aggregated_at,
+        )
+        timings_log.debug(
+            "%s micro-batch %d: %d records; prepare %.3f s, aggregate %.3f s, sink commit %.3f s",
+            config.name,
+            batch_id,
+            timings.records,
+            timings.prepare_s,
+            timings.aggregate_s,
+            timings.sink_commit_s,
+            extra={"micro_batch": timings},
+        )
 
 
 def batch_range(

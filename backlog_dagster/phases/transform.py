@@ -432,17 +432,39 @@ def _partial(partial: Partial) -> Column:
 
 @dataclass(frozen=True)
 class BucketSeen:
-    """What a Spark job read of one bucket: its offsets ``[low, high]`` and latest event time."""
+    """What a Spark job read of one bucket: where its records began, their latest event time."""
 
     low: int
-    high: int
     event_time_us: int | None
+
+
+def watch_buckets(
+    records: DataFrame,
+    config: PipelineConfig,
+    topic: Source,
+    start: Mapping[int, int],
+    end: Mapping[int, int],
+) -> tuple[DataFrame, Callable[[], dict[int, BucketSeen] | None]]:
+    """``records`` (``[start, end)`` per bucket), and a function that gives, after the job
+    that reads them, what it read of each bucket that had records.
+
+    When the event time is the source's own record time and every bucket's start is
+    known, the source's index answers without the job. Otherwise the job observes it
+    (``observe_buckets``), which costs: on a 10,000-record micro-batch, measured, about
+    0.1 s to build the observation and half again the job's own time.
+    """
+    if topic.timestamp_column == config.source.event_time and set(end) <= set(start):
+        times = {b: topic.max_record_time(b, start[b], end[b]) for b in end if end[b] > start[b]}
+        seen = {b: BucketSeen(start[b], t) for b, t in times.items() if t is not None}
+        return records, lambda: seen
+    return observe_buckets(records, config, sorted(end))
 
 
 def observe_buckets(
     records: DataFrame, config: PipelineConfig, buckets: list[int]
 ) -> tuple[DataFrame, Callable[[], dict[int, BucketSeen] | None]]:
-    """``records`` with per-bucket offsets and latest event time observed as they flow by.
+    """``records`` with per-bucket first offset and latest event time observed as they
+    flow by.
 
     An observation rides along whatever job reads ``records`` first (no second pass over
     the data); the function returned gives its result after that job ran: the buckets
@@ -459,7 +481,6 @@ def observe_buckets(
         mine = bucket == b
         measures += [
             F.min(F.when(mine, offset)).alias(f"low_{b}"),
-            F.max(F.when(mine, offset)).alias(f"high_{b}"),
             F.max(F.when(mine, event_time)).alias(f"time_{b}"),
         ]
 
@@ -468,7 +489,7 @@ def observe_buckets(
         if values.get("unknown"):
             return None
         return {
-            b: BucketSeen(values[f"low_{b}"], values[f"high_{b}"], values[f"time_{b}"])
+            b: BucketSeen(values[f"low_{b}"], values[f"time_{b}"])
             for b in buckets
             if values.get(f"low_{b}") is not None
         }

@@ -1,0 +1,137 @@
+"""Realtime latency at the live rate, and where each micro-batch spends its time.
+
+    .venv/bin/python bench/realtime.py [--seconds 30] [--repeat 3]
+
+The example's customer_totals in one warm local Spark session (``local[*]``): a
+100,000-record backlog, then records appended at 20,000 records/s for ``seconds``; per
+record, the time from its append to its result being visible in the SQLite sink. Each
+variant in ``VARIANTS`` (the shipped settings, then the cuts the breakdown points to)
+runs ``repeat`` times, alternating, each on a fresh log and sink.
+
+Per variant: the medians over runs of p50, p99 and the largest latency, and per part of
+a micro-batch (Spark's own: finding the latest offsets, planning, its offset and commit
+logs; ours: the commit's preparation, its Spark job, the sink's transaction) the median
+over runs of the per-run medians. Writes ``bench/results/<date>-realtime.json`` and its
+section of ``BENCHMARKS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from report import machine_line, publish
+from run import PRESETS, _latency_at, machine
+
+#: name → (micro-batch interval in seconds, other ``realtime`` settings).
+VARIANTS: dict[str, tuple[float, dict[str, Any]]] = {
+    "as shipped, 0.5 s micro-batches": (0.5, {}),
+    "0.5 s, 2 shuffle partitions": (0.5, {"shuffle_partitions": 2}),
+    "0.25 s, 2 shuffle partitions": (0.25, {"shuffle_partitions": 2}),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--variant", action="append", choices=sorted(VARIANTS))
+    args = parser.parse_args()
+    from backlog_dagster.spark.session import get_session
+
+    preset = replace(PRESETS["default"], latency_seconds=args.seconds)
+    names = args.variant or list(VARIANTS)
+    scratch = Path(tempfile.mkdtemp(prefix="bench-realtime-"))
+    spark = get_session("local[*]", app_name="bench-realtime")
+    spark.sparkContext.setLogLevel("ERROR")
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    try:
+        for round_ in range(args.repeat):
+            for index, name in enumerate(names):
+                interval, settings = VARIANTS[name]
+                row = _latency_at(
+                    spark, scratch, preset, interval, settings, name=f"run-{round_}-{index}"
+                )
+                runs[name].append(row)
+    finally:
+        spark.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    results = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "live_rate": preset.live_rate,
+        "seconds": args.seconds,
+        "repeat": args.repeat,
+        "variants": {name: summarize(rows) for name, rows in runs.items()},
+        "runs": runs,
+    }
+    path = publish("realtime", results, "realtime.py", markdown(results))
+    print(f"wrote {path} and BENCHMARKS.md")
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over runs of each run's latency percentiles and per-part medians."""
+    parts: dict[str, list[float]] = {}
+    for row in rows:
+        for part, figures in row["breakdown"]["parts"].items():
+            parts.setdefault(part, []).append(figures["median"])
+    return {
+        "p50_s": statistics.median(r["p50_s"] for r in rows),
+        "p99_s": statistics.median(r["p99_s"] for r in rows),
+        "p99_s_runs": [round(r["p99_s"], 3) for r in rows],
+        "max_s": statistics.median(r["max_s"] for r in rows),
+        "live_rate_reached": statistics.median(r["live_rate_reached"] for r in rows),
+        "parts_median_s": {part: statistics.median(v) for part, v in parts.items()},
+    }
+
+
+def markdown(results: dict[str, Any]) -> str:
+    variants = results["variants"]
+    names = list(variants)
+    lines = [
+        "## Realtime latency and where a micro-batch's time goes (`bench/realtime.py`)",
+        "",
+        f"{machine_line(results['machine'])}; {results['date']}. customer_totals in one warm "
+        f"local Spark session, live {results['live_rate']:,} records/s for "
+        f"{results['seconds']:g} s after a 100,000-record backlog; latency is a record's "
+        "append to its result being visible in the SQLite sink. Medians over "
+        f"{results['repeat']} runs per variant, alternating.",
+        "",
+        "| | " + " | ".join(names) + " |",
+        "| --- |" + " --- |" * len(names),
+    ]
+    for label, key in (("p50", "p50_s"), ("p99", "p99_s"), ("largest", "max_s")):
+        lines.append(
+            f"| {label} | " + " | ".join(f"{variants[n][key]:.3f} s" for n in names) + " |"
+        )
+    lines.append(
+        "| p99 per run | "
+        + " | ".join(", ".join(f"{v:.2f}" for v in variants[n]["p99_s_runs"]) for n in names)
+        + " |"
+    )
+    parts = list(variants[names[0]]["parts_median_s"])
+    for part in parts:
+        cells = []
+        for n in names:
+            value = variants[n]["parts_median_s"].get(part)
+            if value is None:
+                cells.append("")
+            elif part == "records":
+                cells.append(f"{value:,.0f}")
+            else:
+                cells.append(f"{value * 1000:.0f} ms")
+        lines.append(f"| micro-batch: {part} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
