@@ -232,7 +232,7 @@ class MicroBatchBreakdown(logging.Handler):
 
     Spark's part comes from the query's progress events (a listener), ours from the
     commit's DEBUG timings (``phases.micro_batch.timings_log``): the commit runs in this
-    process on a local Spark. Only micro-batches that read records count.
+    process on a local Spark. Only micro-batches that committed records count.
     """
 
     def __init__(self) -> None:
@@ -255,8 +255,7 @@ class MicroBatchBreakdown(logging.Handler):
                 pass
 
             def onQueryProgress(self, event: Any) -> None:
-                if event.progress.numInputRows:
-                    progress[event.progress.batchId] = dict(event.progress.durationMs)
+                progress[event.progress.batchId] = dict(event.progress.durationMs)
 
             def onQueryIdle(self, event: Any) -> None:
                 pass
@@ -285,10 +284,11 @@ class MicroBatchBreakdown(logging.Handler):
             spark, ours = self.progress[batch], self.ours[batch]
             for name in SPARK_PARTS:
                 add(f"spark {name}", spark.get(name, 0) / 1000)
-            add("commit: prepare", ours.prepare_s)
-            add("commit: read, transform, aggregate (Spark job)", ours.aggregate_s)
+            add("commit: offset log and records read where it runs", ours.read_s)
+            add("commit: late check, reference data", ours.prepare_s)
+            add("commit: transform, aggregate, collect (Spark job)", ours.aggregate_s)
             add("commit: sink transaction", ours.sink_commit_s)
-            ours_s = ours.prepare_s + ours.aggregate_s + ours.sink_commit_s
+            ours_s = ours.read_s + ours.prepare_s + ours.aggregate_s + ours.sink_commit_s
             add("foreachBatch call, outside the commit", spark.get("addBatch", 0) / 1000 - ours_s)
             known = sum(spark.get(n, 0) for n in SPARK_PARTS) + spark.get("addBatch", 0)
             add("spark other", (spark.get("triggerExecution", 0) - known) / 1000)

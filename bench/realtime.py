@@ -37,6 +37,7 @@ VARIANTS: dict[str, tuple[float, dict[str, Any]]] = {
     "as shipped, 0.5 s micro-batches": (0.5, {}),
     "0.5 s, 2 shuffle partitions": (0.5, {"shuffle_partitions": 2}),
     "0.25 s, 2 shuffle partitions": (0.25, {"shuffle_partitions": 2}),
+    "0.25 s, 1 shuffle partition": (0.25, {"shuffle_partitions": 1}),
 }
 
 

@@ -260,7 +260,7 @@ def customer_totals_switches_with_its_own_config(
     # it failed as above, switched the pipeline the moment the backlog run let go).
     assert realtime_config == {
         "checkpoint_interval": 2.0,
-        "shuffle_partitions": 4,
+        "shuffle_partitions": 1,
         "standby_for_generation": 1,
         "spark_conf": {},
     }

@@ -54,6 +54,7 @@ from backlog_dagster.sink import (
 )
 from backlog_dagster.source import open_source
 from backlog_dagster.spark.records import APPENDED_COLUMN, BUCKET_COLUMN, OFFSET_COLUMN
+from backlog_dagster.spark.source import read_here
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -86,9 +87,13 @@ class MicroBatchTimings:
 
     batch_id: int
     records: int
-    #: Reading the batch's range, the late check and the reference data (driver side).
+    #: Reading the batch's range from the query's offset log and, for a small batch,
+    #: its records from the source where the commit runs (``_records_of``).
+    read_s: float
+    #: The late check and the reference data.
     prepare_s: float
-    #: The Spark job: read the records from the source, transform, aggregate, collect.
+    #: The Spark job: transform, aggregate, collect (and read the records from the
+    #: source, for a batch too large to read where the commit runs).
     aggregate_s: float
     #: The sink's transaction: merge the results and move the progress.
     sink_commit_s: float
@@ -125,21 +130,34 @@ class MicroBatchCommit:
         _await_own_lock(sink, self.holder, self.config.name)
         held = sink.current_generation()
         assert held is not None
-        windowed = self.config.transform.window is not None
-        if windowed:
-            batch = batch.persist()  # read twice: its late records, then the aggregation
-        try:
-            self._commit(sink, held, batch, batch_id)
-        finally:
-            if windowed:
-                batch.unpersist()
-
-    def _commit(self, sink: Sink, held: Generation, batch: DataFrame, batch_id: int) -> None:
-        config = self.config
         started = time.monotonic()
         start, end = batch_range(Path(self.checkpoint), batch_id, self.starting)
+        records = _records_of(batch, self.config, start, end)
+        read = time.monotonic()
+        # Read twice (its late records, then the aggregation): Spark's scan is kept; a
+        # local relation is as cheap to read again.
+        kept = self.config.transform.window is not None and records is batch
+        if kept:
+            records = records.persist()
+        try:
+            self._commit(sink, held, records, batch_id, start, end, (started, read))
+        finally:
+            if kept:
+                records.unpersist()
+
+    def _commit(
+        self,
+        sink: Sink,
+        held: Generation,
+        records: DataFrame,
+        batch_id: int,
+        start: dict[int, int],
+        end: dict[int, int],
+        since: tuple[float, float],
+    ) -> None:
+        config = self.config
         with open_source(config) as topic:
-            watched, seen = watch_buckets(batch, config, topic, start, end)
+            watched, seen = watch_buckets(records, config, topic, start, end)
         on_time, late, late_windows = _split_late(watched, config, held)
         reference = _reference_for(config, sink)
         prepared = time.monotonic()
@@ -175,23 +193,44 @@ class MicroBatchCommit:
             return
         except ProgressConflict as conflict:
             raise RuntimeError(f"{MOVED}{conflict}") from None
+        started, read_at = since
         timings = MicroBatchTimings(
             batch_id,
             sum(end[b] - begins[b] for b in moved),
-            prepared - started,
+            read_at - started,
+            prepared - read_at,
             aggregated_at - prepared,
             time.monotonic() - aggregated_at,
         )
         timings_log.debug(
-            "%s micro-batch %d: %d records; prepare %.3f s, aggregate %.3f s, sink commit %.3f s",
+            "%s micro-batch %d: %d records; read here %.3f s, prepare %.3f s, aggregate "
+            "%.3f s, sink commit %.3f s",
             config.name,
             batch_id,
             timings.records,
+            timings.read_s,
             timings.prepare_s,
             timings.aggregate_s,
             timings.sink_commit_s,
             extra={"micro_batch": timings},
         )
+
+
+#: A micro-batch of up to this many records is read where its commit runs
+#: (``spark.source.read_here``); a larger one (the first after a switch without
+#: ``max_records_per_trigger``) is Spark's own scan.
+READ_HERE_MAX_RECORDS = 200_000
+
+
+def _records_of(
+    batch: DataFrame, config: PipelineConfig, start: dict[int, int], end: dict[int, int]
+) -> DataFrame:
+    """The micro-batch's records: read here when small and every bucket's start is known
+    (a bucket born since the query started begins where Spark's reader found it)."""
+    if not set(end) <= set(start) or sum(end[b] - start[b] for b in end) > READ_HERE_MAX_RECORDS:
+        return batch
+    with open_source(config) as topic:
+        return read_here(batch.sparkSession, topic, batch.schema, start, end)
 
 
 def batch_range(

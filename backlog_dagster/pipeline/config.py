@@ -619,7 +619,11 @@ class RealtimeConfig(Frozen):
         5, gt=0, description="Micro-batch commit cadence of the realtime phase."
     )
     shuffle_partitions: int = Field(
-        4, gt=0, description="Fixed, small shuffle partition count of the streaming query."
+        1,
+        gt=0,
+        description="Shuffle partitions of each micro-batch's aggregation. A micro-batch is "
+        "small (see max_records_per_trigger): one reduce task is the quickest (measured by "
+        "bench/realtime.py); raise it for micro-batches of millions of records.",
     )
     max_records_per_trigger: int | None = Field(
         100_000,
