@@ -622,8 +622,9 @@ class RealtimeConfig(Frozen):
         1,
         gt=0,
         description="Shuffle partitions of each micro-batch's aggregation. A micro-batch is "
-        "small (see max_records_per_trigger): one reduce task is the quickest (measured by "
-        "bench/realtime.py); raise it for micro-batches of millions of records.",
+        "small (see max_records_per_trigger): one reduce task was no slower than four "
+        "(bench/realtime.py) and leaves cores to other pipelines; raise it for micro-batches "
+        "of millions of records.",
     )
     max_records_per_trigger: int | None = Field(
         100_000,
