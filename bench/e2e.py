@@ -9,7 +9,12 @@ shipped. Two cases, alternating, ``repeat`` runs each:
 
 - ``as shipped``: a backlog run that reaches its markers with more than
   ``backlog.residual_records`` (100,000) records after them reads on in batch;
-- ``switch at the first markers``: the same with ``residual_records: 0``, as before it.
+- ``switch at the first markers``: the same with ``residual_records: 0``, as before it;
+- ``half-second micro-batches`` (only with ``--case``): as shipped with every
+  pipeline's ``realtime.checkpoint_interval`` at 0.5 s, for realtime's latency.
+
+``--case`` runs only the cases named; their figures go to a file and a section of their
+own (``<date>-e2e-<cases>.json``).
 
 Timed from ``dagster dev``'s start, per pipeline:
 
@@ -67,7 +72,14 @@ from backlog_dagster.sink import open_sink
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINES = ("customer_totals", "region_minutes", "region_daily")
-CASES = {"as_shipped": None, "switch_at_first_markers": 0}
+#: case → the settings it changes in every pipeline (section → setting → value).
+CASES: dict[str, dict[str, dict[str, Any]]] = {
+    "as_shipped": {},
+    "switch_at_first_markers": {"backlog": {"residual_records": 0}},
+    "half_second_micro_batches": {"realtime": {"checkpoint_interval": 0.5}},
+}
+#: The cases a run without ``--case`` runs.
+DEFAULT_CASES = ("as_shipped", "switch_at_first_markers")
 #: Lag under this many seconds of input is fresh; the second, looser bound is reported
 #: too (a loaded machine's micro-batches may never get under the first), and a run ends
 #: once every pipeline has held under it for ``HOLD_S``.
@@ -89,14 +101,16 @@ def main() -> None:
     parser.add_argument("--live-rate", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--case", action="append", choices=sorted(CASES))
     args = parser.parse_args()
+    cases = args.case or list(DEFAULT_CASES)
     scratch = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
     started = time.perf_counter()
     try:
-        runs: dict[str, list[dict[str, Any]]] = {case: [] for case in CASES}
+        runs: dict[str, list[dict[str, Any]]] = {case: [] for case in cases}
         for rep in range(args.repeat):
-            for case, residual in CASES.items():
-                run = one_run(scratch / f"{case}-{rep}", args, residual, seed=10 + rep)
+            for case in cases:
+                run = one_run(scratch / f"{case}-{rep}", args, CASES[case], seed=10 + rep)
                 runs[case].append(run)
                 print(f"{case} run {rep + 1}: {json.dumps(run['pipelines'])}", flush=True)
         in_process = in_one_process(scratch / "in-process", args.records)
@@ -113,12 +127,16 @@ def main() -> None:
         "in_process": in_process,
         "bench_seconds": round(time.perf_counter() - started, 1),
     }
-    path = publish("e2e", results, "e2e.py", _markdown(results))
+    if args.case:
+        suffix = "-".join(cases)
+        path = publish(f"e2e-{suffix}", results, f"e2e.py {suffix}", _markdown(results))
+    else:
+        path = publish("e2e", results, "e2e.py", _markdown(results))
     print(f"wrote {path} and BENCHMARKS.md in {results['bench_seconds']:.0f} s")
 
 
 def one_run(
-    data: Path, args: argparse.Namespace, residual: int | None, seed: int
+    data: Path, args: argparse.Namespace, changes: dict[str, dict[str, Any]], seed: int
 ) -> dict[str, Any]:
     """The example under ``dagster dev`` from start until every pipeline held fresh."""
     topic_path = data / "example" / "orders"
@@ -126,8 +144,8 @@ def one_run(
     project = data / "project"
 
     def edit(attributes: dict[str, Any]) -> bool:
-        if residual is not None:
-            attributes.setdefault("backlog", {})["residual_records"] = residual
+        for section, settings in changes.items():
+            attributes.setdefault(section, {}).update(settings)
         return True
 
     copy_project(ROOT, project, edit)
@@ -370,24 +388,39 @@ def in_one_process(folder: Path, records: int) -> dict[str, Any]:
     }
 
 
+#: How the report names each case.
+LABELS = {
+    "as_shipped": "as shipped",
+    "switch_at_first_markers": "switch at the first markers",
+    "half_second_micro_batches": "0.5 s micro-batches",
+}
+
+
 def _markdown(results: dict[str, Any]) -> str:
     cases = results["cases"]
-    labels = {"as_shipped": "as shipped", "switch_at_first_markers": "switch at the first markers"}
     rows = []
-    for case, label in labels.items():
+    for case in cases:
         for pipeline in PIPELINES:
             f = cases[case][pipeline]
             rows.append(
-                f"| {label} | {pipeline} | {f['switch_s']} | {f['fresh_s']} | {f['settled_s']} | "
-                f"{f['backlog_rounds']} | {f['backlog_records_per_s']:,} | {f['switch_gap_s']} | "
-                f"{f['realtime_p99_s']} |"
+                f"| {LABELS[case]} | {pipeline} | {f['switch_s']} | {f['fresh_s']} | "
+                f"{f['settled_s']} | {f['backlog_rounds']} | {f['backlog_records_per_s']:,} | "
+                f"{f['switch_gap_s']} | {f['realtime_p99_s']} |"
             )
     table = "\n".join(rows)
     in_process = results["in_process"]
     parts = ", ".join(f"{name} {s:.1f} s" for name, s in in_process["backlog_s"].items())
     spark_start = in_process["spark_start_s"]
-    memory = cases["as_shipped"]["memory_peak_mib_sum_of_all"]
-    return f"""## The example as users run it (`bench/e2e.py`)
+    fresh = "; ".join(
+        f"{LABELS[case]}: every pipeline fresh at {figures['fresh_s_all']} s, under 3 s of "
+        f"input at {figures['settled_s_all']} s, peak memory of every process at one moment "
+        f"{figures['memory_peak_mib_sum_of_all']:,.0f} MiB"
+        for case, figures in cases.items()
+    )
+    command = "bench/e2e.py"
+    if set(cases) != set(DEFAULT_CASES):
+        command += "".join(f" --case {c}" for c in cases)
+    return f"""## The example as users run it (`{command}`)
 
 {results["date"][:10]}: every example pipeline under `dagster dev`, a
 {results["records"]:,}-record backlog and a live producer at {results["live_rate"]:,}
@@ -398,14 +431,9 @@ one second of input. {machine_line(results["machine"])}
 {HEADER}
 {table}
 
-Every pipeline fresh: {cases["as_shipped"]["fresh_s_all"]} s as shipped,
-{cases["switch_at_first_markers"]["fresh_s_all"]} s switching at the first markers
-(*None*: not within the run); every pipeline under 3 s of input:
-{cases["as_shipped"]["settled_s_all"]} s and
-{cases["switch_at_first_markers"]["settled_s_all"]} s.
+{fresh} (*None*: not within the run).
 The same backlogs in one warm process: {parts}; a Spark start {spark_start:.1f} s;
 target for every pipeline fresh (1.5 times their sum): {in_process["target_fresh_s"]} s.
-Peak memory of every process at one moment: {memory:,.0f} MiB.
 """
 
 

@@ -162,7 +162,7 @@ def test_a_spark_conf_key_wins_over_the_phases_own_settings(tmp_path: Path) -> N
     config = pipeline(tmp_path, CUSTOMER_TOTALS)
     assert batch_settings(config, 5_000_000)["spark.sql.shuffle.partitions"] == "3"
     assert streaming_settings(config, None) == {
-        "spark.sql.shuffle.partitions": "4",
+        "spark.sql.shuffle.partitions": "1",
         "spark.sql.adaptive.enabled": "false",
     }
     conf = {"spark.sql.shuffle.partitions": "9", "spark.sql.adaptive.enabled": "true"}

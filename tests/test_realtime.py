@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 
 from backlog_dagster.components.pipeline import realtime_asset
 from backlog_dagster.log import Topic
+from backlog_dagster.phases import micro_batch
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.markers import continue_backlog, current_generation
 from backlog_dagster.phases.realtime import BacklogNotFinished, run_realtime
@@ -84,9 +85,18 @@ def test_realtime_refuses_to_start_before_the_backlog_is_done(
         )
 
 
+@pytest.mark.parametrize("read_here", [True, False], ids=["read-here", "spark-scan"])
 def test_realtime_continues_from_the_backlog_state_exactly(
-    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+    spark: SparkSession,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    read_here: bool,
 ) -> None:
+    """Whether the commit reads a micro-batch's records itself or Spark's scan does (a
+    batch with a bucket born since the query started is always Spark's scan)."""
+    if not read_here:
+        monkeypatch.setattr(micro_batch, "READ_HERE_MAX_RECORDS", -1)
     topic = make_topic(records=30_000, buckets=3)
     config = pipeline(tmp_path, CUSTOMER_TOTALS, realtime={"checkpoint_interval": 0.5})
     with open_sink(config) as sink:

@@ -25,6 +25,7 @@ from typing import Any, Self
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
 from backlog_dagster.pipeline.results import (
     RECORD_ID,
@@ -102,6 +103,20 @@ _STATE_TABLES = (
 )
 
 
+def _to_wal(db: sqlite3.Connection) -> None:
+    """Put the file in WAL mode. Two connections opening a new file at once may get
+    "database is locked" here at once, without SQLite's busy timeout (measured: a run
+    and a reader of its progress): such a connection tries again for a while."""
+    for attempt in Retrying(
+        retry=retry_if_exception(lambda e: "locked" in str(e)),
+        wait=wait_fixed(0.05),
+        stop=stop_after_delay(30),
+        reraise=True,
+    ):
+        with attempt:
+            db.execute("PRAGMA journal_mode=WAL")
+
+
 class PipelineState:
     """A pipeline's durable state in the sink's file: generations, progress, phases,
     commits, heartbeats and the run lock; ``SqliteSink`` adds the results beside it."""
@@ -116,7 +131,7 @@ class PipelineState:
             self._db = sqlite3.connect(
                 self.path, timeout=60, isolation_level=None, check_same_thread=False
             )
-            self._db.execute("PRAGMA journal_mode=WAL")
+            _to_wal(self._db)
             self._db.execute("PRAGMA synchronous=FULL")
             with self._transaction():
                 for statement in _STATE_TABLES:
