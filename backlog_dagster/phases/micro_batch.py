@@ -23,7 +23,7 @@ import logging
 import operator
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +36,7 @@ from backlog_dagster.phases.bad_records import BadRecord, collect, refuse_bad_re
 from backlog_dagster.phases.lag import lateness_us, watermark_lag
 from backlog_dagster.phases.reference import Reference, read_reference
 from backlog_dagster.phases.transform import (
+    BucketSeen,
     LateWindows,
     earliest_window_end,
     partial_results,
@@ -52,7 +53,7 @@ from backlog_dagster.sink import (
     SinkUnreachable,
     open_sink,
 )
-from backlog_dagster.source import open_source
+from backlog_dagster.source import Source, open_source
 from backlog_dagster.spark.records import APPENDED_COLUMN, BUCKET_COLUMN, OFFSET_COLUMN
 from backlog_dagster.spark.source import read_here
 
@@ -87,8 +88,9 @@ class MicroBatchTimings:
 
     batch_id: int
     records: int
-    #: Reading the batch's range from the query's offset log and, for a small batch,
-    #: its records from the source where the commit runs (``_records_of``).
+    #: Reading the batch's range from the query's offset log, for a small batch its
+    #: records from the source where the commit runs (``_records_of``), and what the
+    #: source's index says of each bucket (``transform.watch_buckets``).
     read_s: float
     #: The late check and the reference data.
     prepare_s: float
@@ -132,15 +134,17 @@ class MicroBatchCommit:
         assert held is not None
         started = time.monotonic()
         start, end = batch_range(Path(self.checkpoint), batch_id, self.starting)
-        records = _records_of(batch, self.config, start, end)
+        with open_source(self.config) as topic:
+            records = _records_of(batch, topic, start, end)
+            # Read twice (its late records, then the aggregation): Spark's scan is kept;
+            # a local relation is as cheap to read again.
+            kept = self.config.transform.window is not None and records is batch
+            if kept:
+                records = records.persist()
+            watched = watch_buckets(records, self.config, topic, start, end)
         read = time.monotonic()
-        # Read twice (its late records, then the aggregation): Spark's scan is kept; a
-        # local relation is as cheap to read again.
-        kept = self.config.transform.window is not None and records is batch
-        if kept:
-            records = records.persist()
         try:
-            self._commit(sink, held, records, batch_id, start, end, (started, read))
+            self._commit(sink, held, watched, batch_id, start, end, (started, read))
         finally:
             if kept:
                 records.unpersist()
@@ -149,16 +153,15 @@ class MicroBatchCommit:
         self,
         sink: Sink,
         held: Generation,
-        records: DataFrame,
+        watched: tuple[DataFrame, Callable[[], dict[int, BucketSeen] | None]],
         batch_id: int,
         start: dict[int, int],
         end: dict[int, int],
         since: tuple[float, float],
     ) -> None:
         config = self.config
-        with open_source(config) as topic:
-            watched, seen = watch_buckets(records, config, topic, start, end)
-        on_time, late, late_windows = _split_late(watched, config, held)
+        records, seen = watched
+        on_time, late, late_windows = _split_late(records, config, held)
         reference = _reference_for(config, sink)
         prepared = time.monotonic()
         aggregated = collect(partial_results(on_time, config, late_windows, reference))
@@ -223,14 +226,13 @@ READ_HERE_MAX_RECORDS = 200_000
 
 
 def _records_of(
-    batch: DataFrame, config: PipelineConfig, start: dict[int, int], end: dict[int, int]
+    batch: DataFrame, topic: Source, start: dict[int, int], end: dict[int, int]
 ) -> DataFrame:
     """The micro-batch's records: read here when small and every bucket's start is known
     (a bucket born since the query started begins where Spark's reader found it)."""
     if not set(end) <= set(start) or sum(end[b] - start[b] for b in end) > READ_HERE_MAX_RECORDS:
         return batch
-    with open_source(config) as topic:
-        return read_here(batch.sparkSession, topic, batch.schema, start, end)
+    return read_here(batch.sparkSession, topic, batch.schema, start, end)
 
 
 def batch_range(
