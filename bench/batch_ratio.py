@@ -15,17 +15,15 @@ Writes ``bench/results/<date>-batch-ratio.json`` and its section of ``BENCHMARKS
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cases import ours, pure_batch
+from cases import ours, pure_batch, warm_session
 from report import machine_line, publish
 from run import _example, _fresh_sink, _topic, machine
 
@@ -35,13 +33,8 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[4_000_000, 16_000_000])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    from backlog_dagster.spark.session import get_session
-
-    scratch = Path(tempfile.mkdtemp(prefix="bench-batch-ratio-"))
-    spark = get_session("local[*]", app_name="bench-batch-ratio")
-    spark.sparkContext.setLogLevel("ERROR")
     sizes: dict[str, Any] = {}
-    try:
+    with warm_session("bench-batch-ratio") as (spark, scratch):
         for records in args.sizes:
             folder = scratch / str(records)
             topic = _topic(folder / "example" / "orders", records)
@@ -66,9 +59,6 @@ def main() -> None:
                 "median_s": medians,
                 "ours_over_pure_batch": medians["pure_batch"] / medians["ours"],
             }
-    finally:
-        spark.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
     results = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),

@@ -7,10 +7,13 @@ sum, count and largest amount) to the same kind of sink, an SQLite file.
 from __future__ import annotations
 
 import logging
+import shutil
 import sqlite3
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +32,23 @@ if TYPE_CHECKING:
 PLAIN_READ_LIMIT = 100_000
 PLAIN_TRIGGER = "1 second"
 PLAIN_SHUFFLE_PARTITIONS = 4
+
+
+@contextmanager
+def warm_session(name: str) -> Iterator[tuple[SparkSession, Path]]:
+    """A ``local[*]`` session that logs only errors, and a scratch folder; both gone after."""
+    from backlog_dagster.spark.session import get_session
+
+    scratch = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    try:
+        spark = get_session("local[*]", app_name=name)
+        spark.sparkContext.setLogLevel("ERROR")
+        try:
+            yield spark, scratch
+        finally:
+            spark.stop()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def ours(spark: SparkSession, config: PipelineConfig, interval: float) -> dict[str, Any]:

@@ -20,10 +20,8 @@ section of ``BENCHMARKS.md``.
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
-import tempfile
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from cases import warm_session
 from report import machine_line, publish
 from run import PRESETS, _latency_at, machine
 
@@ -55,15 +54,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--variant", action="append", choices=sorted(VARIANTS))
     args = parser.parse_args()
-    from backlog_dagster.spark.session import get_session
-
     preset = replace(PRESETS["default"], latency_seconds=args.seconds)
     names = args.variant or list(VARIANTS)
-    scratch = Path(tempfile.mkdtemp(prefix="bench-realtime-"))
-    spark = get_session("local[*]", app_name="bench-realtime")
-    spark.sparkContext.setLogLevel("ERROR")
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    try:
+    with warm_session("bench-realtime") as (spark, scratch):
         for round_ in range(args.repeat):
             for index, name in enumerate(names):
                 interval, settings, read_here = VARIANTS[name]
@@ -72,9 +66,6 @@ def main() -> None:
                     spark, scratch, preset, interval, settings, name=f"run-{round_}-{index}"
                 )
                 runs[name].append(row)
-    finally:
-        spark.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
     results = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
