@@ -25,6 +25,7 @@ from backlog_dagster.pipeline.results import (
     WINDOW_START,
     Partial,
     layout_of,
+    visible_record_columns,
 )
 from backlog_dagster.pipeline.sketches import HLL_LG_CONFIG_K, KLL_K
 from backlog_dagster.source import Payload, Source
@@ -318,8 +319,7 @@ def partial_results(
             records = records.withColumn(name, F.expr(expression))
     letter = dead_letter(records, config, parsed, payload)
     if transform.stateless:  # each record a row: its own columns, bucket and offset
-        own = [c for c in records.columns if not c.startswith("_")]
-        return records.select(*own, *RECORD_ID, letter)
+        return records.select(*visible_record_columns(records.columns), *RECORD_ID, letter)
     group: list[Column] = [F.col(k) for k in transform.keys]
     if transform.window is not None and transform.window.sliding:
         # A row per window a record falls in; a bad record's rows are one dead letter.
