@@ -18,6 +18,7 @@ many). ``--resume`` goes on from that day's file up to ``--trials`` in new sessi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import random
@@ -35,6 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the harness lives in tests/
 
+from backlog_dagster.spark.servers import connect_server  # noqa: E402
 from tests.crash import KILL_POINTS, PIPELINES, ExampleUnderTest, audit, run_trial  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -48,6 +50,11 @@ def main() -> None:
     parser.add_argument("--live-rate", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--resume", action="store_true", help="go on from today's file")
+    parser.add_argument(
+        "--spark-connect",
+        action="store_true",
+        help="the runs share one Spark Connect server that outlives them (started here)",
+    )
     args = parser.parse_args()
     rng = random.Random(args.seed)
     started = time.monotonic()
@@ -107,7 +114,27 @@ def run_session(
     commit: str,
 ) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="crash-"))
-    example = ExampleUnderTest(folder, args.records, args.live_rate, seed=args.seed + number)
+    with contextlib.ExitStack() as stack:
+        master = None
+        if args.spark_connect:
+            server = stack.enter_context(connect_server(folder / "connect"))
+            master = server.url
+        example = ExampleUnderTest(
+            folder, args.records, args.live_rate, seed=args.seed + number, spark_master=master
+        )
+        return _trials_of_session(example, number, count, rng, trials, write, commit, folder)
+
+
+def _trials_of_session(
+    example: ExampleUnderTest,
+    number: int,
+    count: int,
+    rng: random.Random,
+    trials: list[dict[str, Any]],
+    write: Callable[[], None],
+    commit: str,
+    folder: Path,
+) -> dict[str, Any]:
     session: dict[str, Any] = {"session": number + 1}
     try:
         example.start()
@@ -170,7 +197,13 @@ def markdown(figures: dict[str, Any]) -> str:
         f"example project under `dagster dev`; backlog {settings['records']:,} records, live "
         f"producer {settings['live_rate']:,} records/s; seed {settings['seed']}"
         + "".join(f"; resumed with seed {r['seed']}" for r in figures.get("resumed", []))
-        + f"; {figures['bench_seconds'] / 60:.0f} minutes in all. Written by `bench/crash.py`.",
+        + f"; {figures['bench_seconds'] / 60:.0f} minutes in all. Spark: "
+        + (
+            "one Spark Connect server shared by the runs, outliving them"
+            if settings.get("spark_connect")
+            else "a local Spark per run"
+        )
+        + ". Written by `bench/crash.py`.",
         "",
         "| kill point | trials | moment hit | recovered | lost | duplicated | wrong values "
         "| recovery s (median) | recovery s (max) |",

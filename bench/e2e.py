@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sqlite3
 import statistics
@@ -61,6 +62,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cases import ProgressPoller, record_latencies, wait_until
+from cpu import CpuSampler
 from report import machine_line, publish
 from run import MemorySampler, _topic, machine
 
@@ -166,12 +168,15 @@ def one_run(
     )
     sink_path = data / "example" / "results.sqlite"
     memory = MemorySampler()
+    cpu = CpuSampler({producer.pid: "producer"})
     lags = LagSampler(topic_path, sink_path, PIPELINES)
     pollers = {p: ProgressPoller(sink_path, p) for p in PIPELINES}
     try:
         with dagster_dev(project, data / "dagster_home", data) as server:
             began = time.time()
             memory.watch(server.pid)
+            cpu.roots[server.pid] = ""
+            cpu.start()
             lags.start()
             wait_until(sink_path.exists, 300, "the sink to be made")
             for poller in pollers.values():
@@ -195,6 +200,8 @@ def one_run(
                 latency_to = topic.latest_offsets()
             time.sleep(5)  # those records' commits
             peak = memory.stop()
+            cpu.stop()
+            ended = time.time()
             lags.stop()
             for poller in pollers.values():
                 poller.stop()
@@ -211,13 +218,37 @@ def one_run(
                     )
                     for p in PIPELINES
                 }
+            cpu_s = cpu_by_role(cpu, data / "dagster_home", began, ended, figures)
     finally:
         memory.stop()
+        cpu.stop()
         lags.stop()
         producer.terminate()
         producer.wait(30)
         shutil.rmtree(data, ignore_errors=True)
-    return {"pipelines": figures, "memory_peak_mib": peak}
+    return {"pipelines": figures, "memory_peak_mib": peak, "cpu_s": cpu_s}
+
+
+def cpu_by_role(
+    cpu: CpuSampler, home: Path, began: float, ended: float, figures: dict[str, Any]
+) -> dict[str, Any]:
+    """CPU seconds per role from the start until every pipeline had switched, and from
+    then to the end, beside what the machine's cores could give in each."""
+    switches = [f["switch_s"] for f in figures.values()]
+    switched = ended if None in switches else began + max(switches)
+    roles = cpu.roles(home)
+    cores = os.cpu_count() or 1
+    return {
+        window: {
+            "seconds": round(until - since, 1),
+            "cores_s": round(cores * (until - since), 1),
+            "by_role": cpu.breakdown(since, until, roles),
+        }
+        for window, since, until in (
+            ("until_every_switch", began, switched),
+            ("after", switched, ended),
+        )
+    }
 
 
 NEWEST_PROGRESS = (
@@ -328,10 +359,35 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         summary[f"{figure}_all"] = _median(
             [_latest([run["pipelines"][p][figure] for p in PIPELINES]) for run in runs]
         )
+    summary["cpu_until_every_switch"] = _cpu_medians(
+        [run["cpu_s"]["until_every_switch"] for run in runs]
+    )
     summary["memory_peak_mib_sum_of_all"] = max(
         run["memory_peak_mib"]["sum_of_all"] for run in runs
     )
     return summary
+
+
+def _cpu_medians(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    roles = sorted({role for w in windows for role in w["by_role"]})
+    return {
+        "seconds": _median([w["seconds"] for w in windows]),
+        "cores_s": _median([w["cores_s"] for w in windows]),
+        "by_role": {r: _median([w["by_role"].get(r, 0.0) for w in windows]) for r in roles},
+    }
+
+
+def _cpu_line(label: str, cpu: dict[str, Any]) -> str:
+    """``as shipped: 230 s of 2 cores (460 core-s): backlog 250 s (54 %), ...``."""
+    by_role = sorted(cpu["by_role"].items(), key=lambda item: -item[1])
+    used = sum(seconds for _, seconds in by_role)
+    cores_s = cpu["cores_s"]
+    parts = [f"{role} {seconds:.0f} s ({seconds / cores_s:.0%})" for role, seconds in by_role]
+    idle = cpu["cores_s"] - used
+    parts.append(f"idle {idle:.0f} s ({idle / cpu['cores_s']:.0%})")
+    return f"- {label}: {cpu['seconds']:.0f} s, {cpu['cores_s']:.0f} core-seconds: " + ", ".join(
+        parts
+    )
 
 
 def _latest(times: list[float | None]) -> float | None:
@@ -417,6 +473,10 @@ def _markdown(results: dict[str, Any]) -> str:
         f"{figures['memory_peak_mib_sum_of_all']:,.0f} MiB"
         for case, figures in cases.items()
     )
+    cpu_lines = "\n".join(
+        _cpu_line(LABELS[case], figures["cpu_until_every_switch"])
+        for case, figures in cases.items()
+    )
     command = "bench/e2e.py"
     if set(cases) != set(DEFAULT_CASES):
         command += "".join(f" --case {c}" for c in cases)
@@ -432,6 +492,13 @@ one second of input. {machine_line(results["machine"])}
 {table}
 
 {fresh} (*None*: not within the run).
+
+CPU from the start until every pipeline had switched, by role (a run's worker, Spark JVM
+and Python workers count for the run; *standby* is a realtime run started beside the
+backlog, first waiting, then serving), medians:
+
+{cpu_lines}
+
 The same backlogs in one warm process: {parts}; a Spark start {spark_start:.1f} s;
 target for every pipeline fresh (1.5 times their sum): {in_process["target_fresh_s"]} s.
 """

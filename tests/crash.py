@@ -102,7 +102,14 @@ class Outcome:
 class ExampleUnderTest:
     """The example project running under ``dagster dev``, with a live producer."""
 
-    def __init__(self, folder: Path, records: int, live_rate: int, seed: int = 1) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        records: int,
+        live_rate: int,
+        seed: int = 1,
+        spark_master: str | None = None,
+    ) -> None:
         self.folder = folder
         self.project = folder / "project"
         self.data = folder / "data"
@@ -110,7 +117,13 @@ class ExampleUnderTest:
         self.topic_path = self.data / "example" / "orders"
         self.sink_path = self.data / "example" / "results.sqlite"
         self.live_rate, self.seed = live_rate, seed
-        copy_example(self.project, _lighter)
+
+        def edit(attributes: dict[str, Any]) -> bool:
+            if spark_master is not None:
+                attributes["spark_master"] = spark_master
+            return _lighter(attributes)
+
+        copy_example(self.project, edit)
         create_topic(
             self.topic_path, ORDERS_SCHEMA, timestamp_column=ORDERS_TIMESTAMP, buckets=4
         ).close()
