@@ -368,7 +368,7 @@ class Timeline:
             self.say(
                 f"{name} realtime {runs[0].run_id}",
                 f"{name}: realtime run {runs[0].run_id[:8]} started with {config}"
-                + (" (a standby, warming up while the backlog runs)" if phase == "backlog" else ""),
+                + (" (a standby, warming up for the backlog's end)" if phase == "backlog" else ""),
             )
             return 1 if committed else 0
         return 0

@@ -125,7 +125,8 @@ def test_a_standby_whose_backlog_keeps_failing_is_ended_and_not_paused(
     make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     make_topic(records=1_000, buckets=2)
-    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    # The standby starts with the backlog run, before any ETA.
+    config = pipeline(tmp_path, CUSTOMER_TOTALS, switch={"standby_lead": None})
     defs = pipeline_definitions(config)
     sensor = defs.resolve_sensor_def("customer_totals_switch")
     with dg.instance_for_test() as instance:
@@ -157,3 +158,38 @@ def test_a_standby_whose_backlog_keeps_failing_is_ended_and_not_paused(
         # ended by the sensor (so the realtime phase is not paused as by a user's cancel).
         assert ended.status == dg.DagsterRunStatus.CANCELING
         assert ended.tags["backlog_dagster/ended_by_sensor"] == "backlog failing"
+
+
+def test_the_standby_starts_once_the_backlogs_eta_is_within_its_lead(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    make_topic(records=1_000, buckets=2)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS, switch={"standby_lead": 10})
+    defs = pipeline_definitions(config)
+    sensor = defs.resolve_sensor_def("customer_totals_switch")
+    cursor: list[str | None] = [None]
+
+    def requested(instance: dg.DagsterInstance) -> list[str]:
+        context = dg.build_sensor_context(instance=instance, cursor=cursor[0], definitions=defs)
+        result = sensor(context)
+        cursor[0] = result.cursor
+        return [r.job_name for r in result.run_requests]
+
+    def publish(run: dg.DagsterRun, seconds_reading: float) -> None:
+        now = time.time()
+        progress = RunProgress(run.run_id, 1, now - seconds_reading, now, 400, {0: 150, 1: 250})
+        with open_sink(config) as sink:
+            sink.publish_progress(run.run_id, progress.to_json())
+
+    with dg.instance_for_test() as instance:
+        # No ETA yet: the backlog run alone.
+        assert requested(instance) == [JOB]
+        reading = add_run(instance, dg.DagsterRunStatus.STARTED)
+        with open_sink(config) as sink:
+            sink.beat(reading.run_id)
+        # 600 records left at 10 records/s: an ETA of 60 s, beyond the 10 s lead.
+        publish(reading, 40)
+        assert requested(instance) == []
+        # At 100 records/s: 6 s, within it. The standby starts, once.
+        publish(reading, 4)
+        assert requested(instance) == ["customer_totals_realtime_job"]

@@ -4,7 +4,8 @@ Each tick (no Spark; well under Dagster's 60 s tick limit) reads the sink, and t
 where the watermark-lag strategy needs it:
 
 - no markers yet → take them (the log's end offsets, durable before any work) and
-  request the backlog run, and beside it a standby realtime run;
+  request the backlog run, and beside it, once the backlog's ETA is within
+  ``switch.standby_lead``, a standby realtime run;
 - a bucket that reached its marker for the first time → one asset observation naming
   bucket, marker and offset reached (the Fluss seed's BacklogFinishEvent); the set of
   reported buckets lives in the cursor, so restarts of the sensor or daemon do not
@@ -159,6 +160,7 @@ def switch_sensor(
                     cursor=json.dumps(cursor), skip_reason=f"no markers taken: {misfit}"
                 )
             where = "no markers yet"
+            standby_due = False
             if generation is not None:
                 cursor = _for_generation(cursor, generation.number)
                 events += _finish_events(generation, cursor, asset_of["backlog"])
@@ -173,6 +175,7 @@ def switch_sensor(
                     config, sink, generation, lag, history, cursor, now, asset_of
                 )
                 events += reports
+                standby_due = _standby_due(config, sink, generation, now)
             phase = sink.phase()
             number = 0 if generation is None else generation.number
         _end_standby_of_failing_backlog(context, config, number, last)
@@ -189,7 +192,7 @@ def switch_sensor(
             run_config_of,
         )
         requests = [] if request is None else [request]
-        standby = _standby_request(context, config, phase, number, last, request)
+        standby = _standby_request(context, config, phase, number, last, request, standby_due)
         if standby is not None:
             requests.append(standby)
         # Where the pipeline is comes first in the cursor, which the sensor's page shows,
@@ -546,6 +549,18 @@ def _run_request(
     )
 
 
+def _standby_due(config: PipelineConfig, sink: Sink, generation: Generation, now: float) -> bool:
+    """Whether a standby should be going: once the backlog's ETA to the switch is within
+    ``switch.standby_lead``. A standby started with the backlog took a run launch and a
+    Spark start from the backlog's cores (with three pipelines on two cores, 30 % of the
+    CPU until every switch) and then only waited; it is needed only at the end."""
+    lead = config.switch.standby_lead
+    if lead is None:
+        return True
+    eta = backlog_progress(generation, published_run(sink, config, now), config).eta_s
+    return eta is not None and eta <= lead
+
+
 def _standby_request(
     context: dg.SensorEvaluationContext,
     config: PipelineConfig,
@@ -553,14 +568,17 @@ def _standby_request(
     number: int,
     last: dict[str, dg.DagsterRun | None],
     backlog_request: dg.RunRequest | None,
+    due: bool,
 ) -> dg.RunRequest | None:
-    """A realtime run started while the backlog runs, so Spark is warm at the switch."""
+    """A realtime run started while the backlog runs, so Spark is warm at the switch
+    (once ``_standby_due``)."""
     realtime, backlog = last["realtime"], last["backlog"]
     backlog_going = backlog_request is not None or (
         backlog is not None and backlog.status in ACTIVE
     )
     if (
         not config.switch.standby
+        or not due
         or phase != "backlog"
         or not number
         or not backlog_going

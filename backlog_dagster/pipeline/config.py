@@ -678,6 +678,13 @@ class SwitchConfig(Frozen):
         description="Start the realtime run while the backlog runs, so its Spark is warm and "
         "it switches the moment the backlog ends (costs a second Spark driver meanwhile).",
     )
+    standby_lead: Duration | None = Field(
+        60,
+        ge=0,
+        description="The standby starts once the backlog's ETA to the switch is under this: "
+        "long enough for a run launch and a Spark start, so it is warm at the switch, while "
+        "the backlog keeps the cores until then. null: with the backlog's first run.",
+    )
     grace_period: Duration = Field(
         60,
         ge=0,
