@@ -118,20 +118,26 @@ class CpuSampler(threading.Thread):
             self._walk(child, "", run_worker, table, children)
 
     def roles(self, home: Path) -> dict[str, str]:
-        """Each run group's role, from its run's tags in the instance at ``home``."""
+        """Each run group's role and pipeline (``standby: customer_totals``), from its
+        run's tags and job in the instance at ``home``."""
         roles = {}
         with dg.DagsterInstance.from_config(str(home)) as instance:
             for group, run_id in self.run_ids.items():
                 run = instance.get_run_by_id(run_id)
-                tags = {} if run is None else run.tags
+                if run is None:
+                    continue
+                tags = run.tags
                 if tags.get(STANDBY_TAG) == "true" or tags.get(STARTED_AS_TAG) == "standby":
-                    roles[group] = "standby"
+                    role = "standby"
                 else:
-                    roles[group] = tags.get("backlog_dagster/phase", "other runs")
+                    role = tags.get("backlog_dagster/phase", "other runs")
+                pipeline = run.job_name.removesuffix("_backlog_job").removesuffix("_realtime_job")
+                roles[group] = f"{role}: {pipeline}"
         return roles
 
     def breakdown(self, since: float, until: float, roles: dict[str, str]) -> dict[str, float]:
-        """CPU seconds per role between two moments (the samples nearest them)."""
+        """CPU seconds per role (and pipeline) between two moments (the samples nearest
+        them)."""
         if not self.samples:
             return {}
         first = min(self.samples, key=lambda s: abs(s[0] - since))[1]

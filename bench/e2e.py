@@ -11,7 +11,10 @@ shipped. Two cases, alternating, ``repeat`` runs each:
   ``backlog.residual_records`` (100,000) records after them reads on in batch;
 - ``switch at the first markers``: the same with ``residual_records: 0``, as before it;
 - ``half-second micro-batches`` (only with ``--case``): as shipped with every
-  pipeline's ``realtime.checkpoint_interval`` at 0.5 s, for realtime's latency.
+  pipeline's ``realtime.checkpoint_interval`` at 0.5 s, for realtime's latency;
+- ``standby with the backlog`` (only with ``--case``): as shipped with
+  ``switch.standby_lead: null``, each standby started beside its backlog run as before
+  the lead.
 
 ``--case`` runs only the cases named; their figures go to a file and a section of their
 own (``<date>-e2e-<cases>.json``).
@@ -32,8 +35,10 @@ Timed from ``dagster dev``'s start, per pipeline:
   the last pipeline was fresh to the end of the run (``bench/cases.py``'s
   ``record_latencies``).
 
-And the peak resident memory of every process under ``dagster dev`` (the largest sum at
-one moment). Beside it, in one warm process: each pipeline's backlog over the same
+And the CPU seconds per role (``bench/cpu.py``: backlog, standby and realtime runs with
+their Spark, the producer, Dagster's own processes) from the start until every pipeline
+had switched, and after. And the peak resident memory of every process under
+``dagster dev`` (the largest sum at one moment). Beside it, in one warm process: each pipeline's backlog over the same
 ``records`` (``checkpoint_interval`` 0), one after the other, and a Spark start, to set
 the target: time to fresh within 1.5 times their sum.
 
@@ -79,6 +84,7 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
     "as_shipped": {},
     "switch_at_first_markers": {"backlog": {"residual_records": 0}},
     "half_second_micro_batches": {"realtime": {"checkpoint_interval": 0.5}},
+    "standby_with_the_backlog": {"switch": {"standby_lead": None}},
 }
 #: The cases a run without ``--case`` runs.
 DEFAULT_CASES = ("as_shipped", "switch_at_first_markers")
@@ -379,7 +385,10 @@ def _cpu_medians(windows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _cpu_line(label: str, cpu: dict[str, Any]) -> str:
     """``as shipped: 230 s of 2 cores (460 core-s): backlog 250 s (54 %), ...``."""
-    by_role = sorted(cpu["by_role"].items(), key=lambda item: -item[1])
+    roles: dict[str, float] = {}
+    for role, seconds in cpu["by_role"].items():  # the pipelines' runs of a role together
+        roles[role.split(":")[0]] = roles.get(role.split(":")[0], 0.0) + seconds
+    by_role = sorted(roles.items(), key=lambda item: -item[1])
     used = sum(seconds for _, seconds in by_role)
     cores_s = cpu["cores_s"]
     parts = [f"{role} {seconds:.0f} s ({seconds / cores_s:.0%})" for role, seconds in by_role]
@@ -449,6 +458,7 @@ LABELS = {
     "as_shipped": "as shipped",
     "switch_at_first_markers": "switch at the first markers",
     "half_second_micro_batches": "0.5 s micro-batches",
+    "standby_with_the_backlog": "standby with the backlog",
 }
 
 
