@@ -35,6 +35,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the harness lives in tests/
+sys.path.insert(0, str(ROOT / "bench"))
+
+from report import replace_section  # noqa: E402
 
 from backlog_dagster.spark.servers import connect_server  # noqa: E402
 from tests.crash import KILL_POINTS, PIPELINES, ExampleUnderTest, audit, run_trial  # noqa: E402
@@ -93,7 +96,13 @@ def main() -> None:
         sessions.append(session)
         write()
         print(f"session {session['session']}: {session}", flush=True)
-    print(f"wrote {stem}.json and {stem}.md in {time.monotonic() - started:.0f} s")
+    replace_section(
+        ROOT / "BENCHMARKS.md",
+        "<!-- bench/crash.py: begin (generated; edit bench/crash.py instead) -->",
+        "<!-- bench/crash.py: end -->",
+        benchmarks_section(json.loads(stem.with_suffix(".json").read_text()), stem.name),
+    )
+    print(f"wrote {stem}.json, {stem}.md and BENCHMARKS.md in {time.monotonic() - started:.0f} s")
 
 
 def _next_kill_point(trials: list[dict[str, Any]], rng: random.Random) -> str:
@@ -261,6 +270,21 @@ def markdown(figures: dict[str, Any]) -> str:
 
 def _seconds(value: float | None) -> str:
     return "" if value is None else f"{value:.1f}"
+
+
+def benchmarks_section(figures: dict[str, Any], stem: str) -> str:
+    """The run's summary for ``BENCHMARKS.md``: its table by kill point, without the trials."""
+    summary = markdown(figures).split("\n## Trials", 1)[0].rstrip()
+    summary = summary.replace(
+        f"# Crash matrix, {figures['date'][:10]}",
+        f"## Crash matrix and recovery (`bench/crash.py`), {figures['date'][:10]}",
+        1,
+    )
+    recovery = figures["recovery"]
+    return (
+        f"{summary}\n\n`recovery.median_s`: {_seconds(recovery['median_s'])} over the "
+        f"{recovery['trials']} trials that recovered. Every trial: `bench/results/{stem}.md`.\n"
+    )
 
 
 if __name__ == "__main__":

@@ -38,9 +38,9 @@ Timed from ``dagster dev``'s start, per pipeline:
 And the CPU seconds per role (``bench/cpu.py``: backlog, standby and realtime runs with
 their Spark, the producer, Dagster's own processes) from the start until every pipeline
 had switched, and after. And the peak resident memory of every process under
-``dagster dev`` (the largest sum at one moment). Beside it, in one warm process: each pipeline's backlog over the same
-``records`` (``checkpoint_interval`` 0), one after the other, and a Spark start, to set
-the target: time to fresh within 1.5 times their sum.
+``dagster dev`` (the largest sum at one moment). Beside it, in one warm process: each
+pipeline's backlog over the same ``records`` (``checkpoint_interval`` 0), one after the
+other, and a Spark start, to set the target: time to fresh within 1.5 times their sum.
 
 Writes ``bench/results/<date>-e2e.json`` and its section of ``BENCHMARKS.md``.
 """
