@@ -62,6 +62,7 @@ def ours(spark: SparkSession, config: PipelineConfig, interval: float) -> dict[s
         "seconds": time.perf_counter() - started,
         "records": report.rows_read,
         "chunks": report.chunk_timings,
+        "chunk_commits_s": report.chunk_commits_s,
     }
 
 

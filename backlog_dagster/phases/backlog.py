@@ -75,6 +75,9 @@ class BacklogReport:
     seconds: float = 0.0
     #: Each committed chunk: (records, seconds from the start of its job to its commit).
     chunk_timings: list[tuple[int, float]] = field(default_factory=list)
+    #: Of each committed chunk's seconds, those of the sink's commit (the rest is the
+    #: Spark job: reading, transforming, collecting the partial results).
+    chunk_commits_s: list[float] = field(default_factory=list)
     buckets: dict[int, BucketState] = field(default_factory=dict)
     #: Per bucket, the parts of the source its backlog was read from ("archive, log").
     read_from: dict[int, str] = field(default_factory=dict)
@@ -274,6 +277,7 @@ def _read_to_markers(
             left = _left(generation)
             continue
         refuse_bad_records(config, aggregated.dead_letters)
+        committing = time.monotonic()
         sink.commit(
             generation.number,
             start,
@@ -283,10 +287,12 @@ def _read_to_markers(
             dead_letters=aggregated.dead_letters,
             joined=None if reference is None else reference.version,
         )
-        chunk_seconds = time.monotonic() - chunk_started
+        committed = time.monotonic()
+        chunk_seconds = committed - chunk_started
         chunk_records = sum(end[b] - start[b] for b in start)
         report.chunk = None
         report.chunk_timings.append((chunk_records, chunk_seconds))
+        report.chunk_commits_s.append(committed - committing)
         report.rows_read += chunk_records
         report.rows_written += aggregated.results.num_rows
         report.bad_records += aggregated.dead_letters.num_rows
@@ -299,7 +305,11 @@ def _read_to_markers(
                 f"went to {config.sink.table}_dead_letters"
             )
         with open_source(config) as topic:
-            log(_progress_line(generation, chunk_records, chunk_seconds, topic))
+            log(
+                _progress_line(
+                    generation, chunk_records, chunk_seconds, committed - committing, topic
+                )
+            )
             generation, skipped = _past_removed(sink, topic, config, generation, log)
         report.skipped_records += skipped
     return generation
@@ -373,7 +383,9 @@ def _reached(generation: Generation, end: dict[int, int]) -> Generation:
     )
 
 
-def _progress_line(generation: Generation, records: int, seconds: float, topic: Source) -> str:
+def _progress_line(
+    generation: Generation, records: int, seconds: float, commit_s: float, topic: Source
+) -> str:
     """The line a chunk logs; an unfinished bucket says which part of the source it is in."""
     total = sum(b.marker - b.start for b in generation.buckets.values())
     done = sum(b.reached - b.start for b in generation.buckets.values())
@@ -384,7 +396,8 @@ def _progress_line(generation: Generation, records: int, seconds: float, topic: 
     )
     return (
         f"backlog {_percent(done, total)} ({done:,}/{total:,}); chunk of {records:,} in "
-        f"{seconds:.1f} s ({records / max(seconds, 1e-3):,.0f}/s); buckets {per_bucket}"
+        f"{seconds:.1f} s ({records / max(seconds, 1e-3):,.0f}/s, the sink's commit "
+        f"{commit_s:.1f} s); buckets {per_bucket}"
     )
 
 
