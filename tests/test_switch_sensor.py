@@ -175,21 +175,27 @@ def test_the_standby_starts_once_the_backlogs_eta_is_within_its_lead(
         cursor[0] = result.cursor
         return [r.job_name for r in result.run_requests]
 
-    def publish(run: dg.DagsterRun, seconds_reading: float) -> None:
+    def publish(run: dg.DagsterRun, seconds_reading: float, read: int = 400) -> None:
         now = time.time()
-        progress = RunProgress(run.run_id, 1, now - seconds_reading, now, 400, {0: 150, 1: 250})
+        in_flight = {0: 150, 1: 250} if read else {}
+        progress = RunProgress(run.run_id, 1, now - seconds_reading, now, read, in_flight)
         with open_sink(config) as sink:
             sink.publish_progress(run.run_id, progress.to_json())
 
+    standby = ["customer_totals_realtime_job"]
     with dg.instance_for_test() as instance:
-        # No ETA yet: the backlog run alone.
+        # The backlog run's Spark is starting (nothing published): the backlog run alone.
         assert requested(instance) == [JOB]
         reading = add_run(instance, dg.DagsterRunStatus.STARTED)
         with open_sink(config) as sink:
             sink.beat(reading.run_id)
+        assert requested(instance) == []
         # 600 records left at 10 records/s: an ETA of 60 s, beyond the 10 s lead.
         publish(reading, 40)
         assert requested(instance) == []
-        # At 100 records/s: 6 s, within it. The standby starts, once.
+        # At 100 records/s: 6 s, within it.
         publish(reading, 4)
-        assert requested(instance) == ["customer_totals_realtime_job"]
+        assert requested(instance) == standby
+        # Reading, no rate known yet (one chunk, no read task ended): no ETA to wait for.
+        publish(reading, 4, read=0)
+        assert requested(instance) == standby

@@ -4,8 +4,8 @@ Each tick (no Spark; well under Dagster's 60 s tick limit) reads the sink, and t
 where the watermark-lag strategy needs it:
 
 - no markers yet → take them (the log's end offsets, durable before any work) and
-  request the backlog run, and beside it, once the backlog's ETA is within
-  ``switch.standby_lead``, a standby realtime run;
+  request the backlog run, and beside it, once that run is reading and its ETA (when
+  known) is within ``switch.standby_lead``, a standby realtime run;
 - a bucket that reached its marker for the first time → one asset observation naming
   bucket, marker and offset reached (the Fluss seed's BacklogFinishEvent); the set of
   reported buckets lives in the cursor, so restarts of the sensor or daemon do not
@@ -550,15 +550,23 @@ def _run_request(
 
 
 def _standby_due(config: PipelineConfig, sink: Sink, generation: Generation, now: float) -> bool:
-    """Whether a standby should be going: once the backlog's ETA to the switch is within
-    ``switch.standby_lead``. A standby started with the backlog took a run launch and a
-    Spark start from the backlog's cores (with three pipelines on two cores, 30 % of the
-    CPU until every switch) and then only waited; it is needed only at the end."""
+    """Whether a standby should be going: once the backlog run is reading (it published
+    progress: its Spark is up), unless its ETA to the switch is known and beyond
+    ``switch.standby_lead``.
+
+    A standby started with the backlog run started its Spark beside the backlog's (three
+    pipelines on two cores: every backlog switched 20 to 40 s later), then only waited;
+    started at the switch, a run launch and a Spark start sat in the switch gap (42 and
+    54 s). A backlog read in one chunk knows its rate only when Spark's first read tasks
+    end, late in the chunk; until then the standby starts rather than waits."""
     lead = config.switch.standby_lead
     if lead is None:
         return True
-    eta = backlog_progress(generation, published_run(sink, config, now), config).eta_s
-    return eta is not None and eta <= lead
+    run = published_run(sink, config, now)
+    if run is None or run.generation != generation.number:
+        return False
+    eta = backlog_progress(generation, run, config).eta_s
+    return eta is None or eta <= lead
 
 
 def _standby_request(

@@ -681,9 +681,10 @@ class SwitchConfig(Frozen):
     standby_lead: Duration | None = Field(
         60,
         ge=0,
-        description="The standby starts once the backlog's ETA to the switch is under this: "
-        "long enough for a run launch and a Spark start, so it is warm at the switch, while "
-        "the backlog keeps the cores until then. null: with the backlog's first run.",
+        description="The standby starts once the backlog run is reading (its Spark is up), "
+        "and, when the backlog's ETA to the switch is known, once it is under this: long "
+        "enough for a run launch and a Spark start, so it is warm at the switch, while the "
+        "backlog keeps the cores until then. null: with the backlog's first run.",
     )
     grace_period: Duration = Field(
         60,
