@@ -114,8 +114,8 @@ class CpuSampler(threading.Thread):
         if group.startswith("run:"):
             run_worker = group
         self.cpu[key] = seconds
-        for child in children.get(pid, []):
-            self._walk(child, "", run_worker, table, children)
+        for child in children.get(pid, []):  # a named root's processes count for it
+            self._walk(child, name, run_worker, table, children)
 
     def roles(self, home: Path) -> dict[str, str]:
         """Each run group's role and pipeline (``standby: customer_totals``), from its

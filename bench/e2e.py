@@ -13,8 +13,11 @@ shipped. Two cases, alternating, ``repeat`` runs each:
 - ``half-second micro-batches`` (only with ``--case``): as shipped with every
   pipeline's ``realtime.checkpoint_interval`` at 0.5 s, for realtime's latency;
 - ``standby with the backlog`` (only with ``--case``): as shipped with
-  ``switch.standby_lead: null``, each standby started beside its backlog run as before
-  the lead.
+  ``switch.standby_lead: null``, each standby started beside its backlog run;
+- ``one shared Spark Connect server`` (only with ``--case``): as shipped with every
+  pipeline's ``spark_master`` on one Spark Connect server (``local[*]``) started before
+  ``dagster dev``: no run starts a JVM of its own. Its process counts in the memory and
+  CPU figures.
 
 ``--case`` runs only the cases named; their figures go to a file and a section of their
 own (``<date>-e2e-<cases>.json``).
@@ -31,8 +34,9 @@ Timed from ``dagster dev``'s start, per pipeline:
 - ``backlog_records_per_s``: the records of every backlog round before the first switch
   over the time from the first markers to the last of those commits;
 - ``switch_gap_s``: that last backlog commit to the first realtime one;
-- ``realtime_run_requested_s``, ``realtime_run_began_s``: when the first realtime run
-  (a standby, as shipped) was requested and began;
+- ``realtime_run_requested_s``, ``realtime_run_began_s``, ``standby_spark_up_s``,
+  ``realtime_query_started_s``: when the first realtime run (a standby, as shipped) was
+  requested, began, had its Spark up and started its streaming query;
 - ``realtime_p99_s``: append to visible result, every record appended from 30 s after
   the last pipeline was fresh to the end of the run (``bench/cases.py``'s
   ``record_latencies``).
@@ -50,6 +54,7 @@ Writes ``bench/results/<date>-e2e.json`` and its section of ``BENCHMARKS.md``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -80,6 +85,7 @@ from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG
 from backlog_dagster.log import Topic
 from backlog_dagster.pipeline.load import load_pipeline
 from backlog_dagster.sink import open_sink
+from backlog_dagster.spark.servers import SparkServer, connect_server
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINES = ("customer_totals", "region_minutes", "region_daily")
@@ -89,7 +95,10 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
     "switch_at_first_markers": {"backlog": {"residual_records": 0}},
     "half_second_micro_batches": {"realtime": {"checkpoint_interval": 0.5}},
     "standby_with_the_backlog": {"switch": {"standby_lead": None}},
+    "shared_spark": {},
 }
+#: Cases whose runs share one Spark Connect server, started before ``dagster dev``.
+SHARED_SPARK = {"shared_spark"}
 #: The cases a run without ``--case`` runs.
 DEFAULT_CASES = ("as_shipped", "switch_at_first_markers")
 #: Lag under this many seconds of input is fresh; the second, looser bound is reported
@@ -122,7 +131,13 @@ def main() -> None:
         runs: dict[str, list[dict[str, Any]]] = {case: [] for case in cases}
         for rep in range(args.repeat):
             for case in cases:
-                run = one_run(scratch / f"{case}-{rep}", args, CASES[case], seed=10 + rep)
+                run = one_run(
+                    scratch / f"{case}-{rep}",
+                    args,
+                    CASES[case],
+                    seed=10 + rep,
+                    shared_spark=case in SHARED_SPARK,
+                )
                 runs[case].append(run)
                 print(f"{case} run {rep + 1}: {json.dumps(run['pipelines'])}", flush=True)
         in_process = in_one_process(scratch / "in-process", args.records)
@@ -148,9 +163,27 @@ def main() -> None:
 
 
 def one_run(
-    data: Path, args: argparse.Namespace, changes: dict[str, dict[str, Any]], seed: int
+    data: Path,
+    args: argparse.Namespace,
+    changes: dict[str, dict[str, Any]],
+    seed: int,
+    shared_spark: bool = False,
 ) -> dict[str, Any]:
     """The example under ``dagster dev`` from start until every pipeline held fresh."""
+    with contextlib.ExitStack() as stack:
+        server = None
+        if shared_spark:
+            server = stack.enter_context(connect_server(data / "spark-connect"))
+        return _one_run(data, args, changes, seed, server)
+
+
+def _one_run(
+    data: Path,
+    args: argparse.Namespace,
+    changes: dict[str, dict[str, Any]],
+    seed: int,
+    spark: SparkServer | None,
+) -> dict[str, Any]:
     topic_path = data / "example" / "orders"
     _topic(topic_path, args.records).close()
     project = data / "project"
@@ -158,6 +191,8 @@ def one_run(
     def edit(attributes: dict[str, Any]) -> bool:
         for section, settings in changes.items():
             attributes.setdefault(section, {}).update(settings)
+        if spark is not None:
+            attributes["spark_master"] = spark.url
         return True
 
     copy_project(ROOT, project, edit)
@@ -179,6 +214,9 @@ def one_run(
     sink_path = data / "example" / "results.sqlite"
     memory = MemorySampler()
     cpu = CpuSampler({producer.pid: "producer"})
+    if spark is not None:
+        memory.extra.append(spark.process.pid)
+        cpu.roots[spark.process.pid] = "spark_connect_server"
     lags = LagSampler(topic_path, sink_path, PIPELINES)
     pollers = {p: ProgressPoller(sink_path, p) for p in PIPELINES}
     try:
@@ -255,6 +293,10 @@ def first_realtime_runs(home: Path, began: float) -> dict[str, dict[str, Any]]:
                 continue
             record = records[0]
             tags = record.dagster_run.tags
+            said = {
+                entry.user_message: entry.timestamp
+                for entry in instance.all_logs(record.dagster_run.run_id)
+            }
             found[pipeline] = {
                 "realtime_run_standby": tags.get(STANDBY_TAG) == "true"
                 or tags.get(STARTED_AS_TAG) == "standby",
@@ -262,8 +304,22 @@ def first_realtime_runs(home: Path, began: float) -> dict[str, dict[str, Any]]:
                 "realtime_run_began_s": None
                 if record.start_time is None
                 else round(record.start_time - began, 1),
+                **{
+                    figure: _first_said(said, words, began)
+                    for figure, words in (
+                        ("standby_spark_up_s", "standby: Spark is up"),
+                        ("standby_switched_s", "standby: switched to realtime"),
+                        ("realtime_query_started_s", "realtime: starting at offsets"),
+                    )
+                },
             }
     return found
+
+
+def _first_said(said: dict[str, float], words: str, began: float) -> float | None:
+    """When a run first logged a message beginning with ``words`` (s from the start)."""
+    times = [at for message, at in said.items() if message.startswith(words)]
+    return round(min(times) - began, 1) if times else None
 
 
 def cpu_by_role(
@@ -490,6 +546,7 @@ LABELS = {
     "switch_at_first_markers": "switch at the first markers",
     "half_second_micro_batches": "0.5 s micro-batches",
     "standby_with_the_backlog": "standby with the backlog",
+    "shared_spark": "one shared Spark Connect server",
 }
 
 

@@ -508,6 +508,8 @@ class MemorySampler(threading.Thread):
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.root: int | None = None
+        #: Processes outside ``dagster dev`` that count too (a Spark server the runs use).
+        self.extra: list[int] = []
         self.peaks: dict[str, float] = {}
         self.stopping = threading.Event()
 
@@ -519,7 +521,9 @@ class MemorySampler(threading.Thread):
         while not self.stopping.wait(1.0):
             assert self.root is not None
             totals: dict[str, float] = {}
-            for pid in processes_under(self.root) | {self.root}:
+            for pid in processes_under(self.root) | {self.root}.union(
+                *({extra} | processes_under(extra) for extra in self.extra)
+            ):
                 kind = process_kind(pid)
                 if kind == "gone":
                     continue
