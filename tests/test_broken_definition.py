@@ -86,8 +86,6 @@ def test_a_broken_definition_fixed_in_place_runs_without_a_reset(
             added_later[attributes["name"]] = attributes
             return False
         attributes["transform"]["filter"] = BROKEN_FILTER
-        # The standby starts with the backlog (no ETA to wait for) and fails on the same check.
-        attributes["switch"]["standby_lead"] = None
         # Reports and ticks often enough for a browser to see them within seconds.
         attributes["switch"] |= {"interval": "2s", "status_every": "1s", "report_every": "2s"}
         return True

@@ -69,13 +69,10 @@ LAG_THRESHOLD_S = 45
 
 
 def sooner_way_back(attributes: dict[str, Any]) -> bool:
-    """An ``edit`` for ``copy_project``: region_minutes' threshold is ``LAG_THRESHOLD_S``,
-    standbys start with the backlog; the session runs customer_totals and region_minutes
-    only."""
+    """An ``edit`` for ``copy_project``: region_minutes' threshold is ``LAG_THRESHOLD_S``;
+    the session runs customer_totals and region_minutes only."""
     if attributes["name"] == "region_minutes":
         attributes["backlog"]["watermark_lag_threshold"] = f"{LAG_THRESHOLD_S}s"
-    # Its short backlog may end before it publishes an ETA: the standby starts with it.
-    attributes["switch"]["standby_lead"] = None
     return attributes["name"] in ("customer_totals", "region_minutes")
 
 

@@ -125,8 +125,7 @@ def test_a_standby_whose_backlog_keeps_failing_is_ended_and_not_paused(
     make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     make_topic(records=1_000, buckets=2)
-    # The standby starts with the backlog run, before any ETA.
-    config = pipeline(tmp_path, CUSTOMER_TOTALS, switch={"standby_lead": None})
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
     defs = pipeline_definitions(config)
     sensor = defs.resolve_sensor_def("customer_totals_switch")
     with dg.instance_for_test() as instance:

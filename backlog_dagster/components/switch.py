@@ -4,8 +4,9 @@ Each tick (no Spark; well under Dagster's 60 s tick limit) reads the sink, and t
 where the watermark-lag strategy needs it:
 
 - no markers yet → take them (the log's end offsets, durable before any work) and
-  request the backlog run, and beside it, once that run is reading and its ETA (when
-  known) is within ``switch.standby_lead``, a standby realtime run;
+  request the backlog run, and beside it a standby realtime run (with
+  ``switch.standby_lead`` set: once that run is reading and its ETA, when known, is
+  within the lead);
 - a bucket that reached its marker for the first time → one asset observation naming
   bucket, marker and offset reached (the Fluss seed's BacklogFinishEvent); the set of
   reported buckets lives in the cursor, so restarts of the sensor or daemon do not
@@ -550,15 +551,16 @@ def _run_request(
 
 
 def _standby_due(config: PipelineConfig, sink: Sink, generation: Generation, now: float) -> bool:
-    """Whether a standby should be going: once the backlog run is reading (it published
-    progress: its Spark is up), unless its ETA to the switch is known and beyond
-    ``switch.standby_lead``.
+    """Whether a standby should be going: at once without ``switch.standby_lead``; with
+    it, once the backlog run is reading (it published progress: its Spark is up), unless
+    its ETA to the switch is known and beyond the lead.
 
-    A standby started with the backlog run started its Spark beside the backlog's (three
-    pipelines on two cores: every backlog switched 20 to 40 s later), then only waited;
-    started at the switch, a run launch and a Spark start sat in the switch gap (42 and
-    54 s). A backlog read in one chunk knows its rate only when Spark's first read tasks
-    end, late in the chunk; until then the standby starts rather than waits."""
+    The lead is for backlogs long enough that a second Spark driver held all along
+    costs more than it saves. It is not the default: on the example (three pipelines,
+    two cores) a standby's Spark start took 50 to 60 s beside three backlogs, longer
+    than the lead, and the switches waited for it (`bench/e2e.py`). A backlog read in one
+    chunk knows its rate only when Spark's first read tasks end, late in the chunk;
+    until then the standby starts rather than waits."""
     lead = config.switch.standby_lead
     if lead is None:
         return True

@@ -2,10 +2,9 @@
 
 Starting a realtime run only after the switch costs a run launch and a Spark start
 (tens of seconds here) between the last backlog commit and the first realtime one. A
-standby run pays both while the backlog is still running (the sensor starts it once the
-backlog run is reading and its ETA, when known, is within ``switch.standby_lead``): it
-starts Spark, runs a tiny
-read through the source so Python workers are up, then watches the sink. As soon as the
+standby run pays both while the backlog is still running (the sensor starts it with the
+backlog run, or later with ``switch.standby_lead``): it starts Spark, runs a tiny read
+through the source so Python workers are up, then watches the sink. As soon as the
 backlog run has let go of the pipeline's lock, it applies the same policy the switch
 sensor does (``phases.policy``), records the switch itself if the policy says so, and
 goes on as the realtime run. The sensor would make the same decision a tick later; the

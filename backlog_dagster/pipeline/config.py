@@ -679,12 +679,13 @@ class SwitchConfig(Frozen):
         "it switches the moment the backlog ends (costs a second Spark driver meanwhile).",
     )
     standby_lead: Duration | None = Field(
-        60,
+        None,
         ge=0,
-        description="The standby starts once the backlog run is reading (its Spark is up), "
-        "and, when the backlog's ETA to the switch is known, once it is under this: long "
-        "enough for a run launch and a Spark start, so it is warm at the switch, while the "
-        "backlog keeps the cores until then. null: with the backlog's first run.",
+        description="null: the standby starts with the backlog run. A duration: it starts "
+        "once the backlog run is reading (its Spark is up) and, when the backlog's ETA to "
+        "the switch is known, once that is under this, so a long backlog does not hold a "
+        "second Spark driver all along. Leave it longer than a run launch and a Spark start "
+        "on a loaded machine, or the switch waits for the standby.",
     )
     grace_period: Duration = Field(
         60,
