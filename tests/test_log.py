@@ -91,15 +91,22 @@ def test_a_writer_killed_mid_append_loses_only_the_torn_tail(tmp_path: Path) -> 
         process = worker("writer", topic_dir, 0, 1000, rows)
         acked = 0
         begins = 0
+        began_at = 0.0
+        # The shortest append seen so far: a kill at a random moment within it lands
+        # inside the append that just began, however fast this machine appends.
+        append_s = float("inf")
         assert process.stdout is not None
         for line in process.stdout:
             word, number = line.split()
             if word == "acked":
                 acked = int(number)
+                append_s = min(append_s, time.monotonic() - began_at)
             elif (begins := begins + 1) == 2 + trial:
-                time.sleep(rng.uniform(0, 0.05))  # inside the append that just began
+                time.sleep(rng.uniform(0, 0.8 * append_s))
                 process.send_signal(signal.SIGKILL)
                 break
+            else:
+                began_at = time.monotonic()
         process.wait()
         assert process.returncode == -signal.SIGKILL
         with Topic(topic_dir) as topic:
