@@ -78,7 +78,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cases import ProgressPoller, record_latencies, wait_until
 from cpu import CpuSampler
 from report import machine_line, publish
-from run import MemorySampler, _topic, machine
+from run import EXAMPLES, MemorySampler, _example, _topic, machine
 
 from backlog_dagster.components.dev_server import copy_project, dagster_dev
 from backlog_dagster.components.pipeline import with_paths_under
@@ -89,7 +89,7 @@ from backlog_dagster.sink import open_sink
 from backlog_dagster.spark.servers import SparkServer, connect_server
 
 ROOT = Path(__file__).resolve().parent.parent
-PIPELINES = ("customer_totals", "region_minutes", "region_daily")
+PIPELINES = EXAMPLES
 #: case → the settings it changes in every pipeline (section → setting → value).
 CASES: dict[str, dict[str, dict[str, Any]]] = {
     "as_shipped": {},
@@ -516,7 +516,6 @@ def in_one_process(folder: Path, records: int) -> dict[str, Any]:
     from backlog_dagster.phases.backlog import run_backlog
     from backlog_dagster.spark.session import get_session
 
-    sys.path.insert(0, str(ROOT))  # region_daily's function is the example project's
     _topic(folder / "example" / "orders", records).close()
     started = time.perf_counter()
     subprocess.run(
@@ -534,9 +533,7 @@ def in_one_process(folder: Path, records: int) -> dict[str, Any]:
     spark.sparkContext.setLogLevel("ERROR")
     seconds: dict[str, float] = {}
     for name in PIPELINES:
-        config = with_paths_under(
-            load_pipeline(ROOT / "definitions" / "defs" / name / "defs.yaml"), folder
-        )
+        config = _example(folder, name)
         config = config.model_copy(
             update={"backlog": config.backlog.model_copy(update={"checkpoint_interval": 0})}
         )

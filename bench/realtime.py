@@ -2,13 +2,13 @@
 
     .venv/bin/python bench/realtime.py [--seconds 30] [--repeat 3]
 
-The example's customer_totals in one warm local Spark session (``local[*]``): a
-100,000-record backlog, then records appended at 20,000 records/s for ``seconds``; per
-record, the time from its append to its result being visible in the SQLite sink. Each
-variant in ``VARIANTS`` (as before the cuts the breakdown pointed to, each cut, the
-shipped settings at three intervals) runs ``repeat`` times, alternating, each on a fresh
-log and sink. "Before" keeps the other cut (no observation where the log's index
-answers), which no setting undoes.
+An example pipeline in one warm local Spark session (``local[*]``): a 100,000-record
+backlog, then records appended at 20,000 records/s for ``seconds``; per record, the
+time from its append to its result being visible in the SQLite sink. Each variant in
+``VARIANTS`` (customer_totals as before the cuts the breakdown pointed to, each cut, the
+shipped settings at three intervals; the two windowed pipelines at 0.5 s) runs
+``repeat`` times, alternating, each on a fresh log and sink. "Before" keeps the other
+cut (no observation where the log's index answers), which no setting undoes.
 
 Per variant: the medians over runs of p50, p99 and the largest latency, and per part of
 a micro-batch (Spark's own: finding the latest offsets, planning, its offset and commit
@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -37,14 +37,28 @@ from backlog_dagster.phases import micro_batch
 
 READ_HERE = micro_batch.READ_HERE_MAX_RECORDS
 
-#: name → (micro-batch interval in seconds, other ``realtime`` settings, whether a
-#: small micro-batch is read where its commit runs rather than by Spark's scan).
-VARIANTS: dict[str, tuple[float, dict[str, Any], bool]] = {
-    "0.5 s, Spark's scan, 4 partitions (before)": (0.5, {"shuffle_partitions": 4}, False),
-    "0.5 s, read here, 4 partitions": (0.5, {"shuffle_partitions": 4}, True),
-    "0.5 s (as shipped: read here, 1 partition)": (0.5, {}, True),
-    "0.25 s (as shipped)": (0.25, {}, True),
-    "2 s (as shipped; the example's interval)": (2.0, {}, True),
+
+@dataclass(frozen=True)
+class Variant:
+    #: Micro-batch interval (s).
+    interval: float
+    #: Other ``realtime`` settings.
+    settings: dict[str, Any] = field(default_factory=dict)
+    #: Whether a small micro-batch is read where its commit runs, not by Spark's scan.
+    read_here: bool = True
+    pipeline: str = "customer_totals"
+
+
+VARIANTS: dict[str, Variant] = {
+    "0.5 s, Spark's scan, 4 partitions (before)": Variant(
+        0.5, {"shuffle_partitions": 4}, read_here=False
+    ),
+    "0.5 s, read here, 4 partitions": Variant(0.5, {"shuffle_partitions": 4}),
+    "0.5 s (as shipped: read here, 1 partition)": Variant(0.5),
+    "0.25 s (as shipped)": Variant(0.25),
+    "2 s (as shipped; the example's interval)": Variant(2.0),
+    "region_minutes, 0.5 s": Variant(0.5, pipeline="region_minutes"),
+    "region_daily, 0.5 s": Variant(0.5, pipeline="region_daily"),
 }
 
 
@@ -60,10 +74,16 @@ def main() -> None:
     with warm_session("bench-realtime") as (spark, scratch):
         for round_ in range(args.repeat):
             for index, name in enumerate(names):
-                interval, settings, read_here = VARIANTS[name]
-                micro_batch.READ_HERE_MAX_RECORDS = READ_HERE if read_here else -1
+                variant = VARIANTS[name]
+                micro_batch.READ_HERE_MAX_RECORDS = READ_HERE if variant.read_here else -1
                 row = _latency_at(
-                    spark, scratch, preset, interval, settings, name=f"run-{round_}-{index}"
+                    spark,
+                    scratch,
+                    preset,
+                    variant.interval,
+                    variant.settings,
+                    name=f"run-{round_}-{index}",
+                    pipeline=variant.pipeline,
                 )
                 runs[name].append(row)
     results = {
@@ -101,8 +121,9 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         "## Realtime latency and where a micro-batch's time goes (`bench/realtime.py`)",
         "",
-        f"{machine_line(results['machine'])}; {results['date']}. customer_totals in one warm "
-        f"local Spark session, live {results['live_rate']:,} records/s for "
+        f"{machine_line(results['machine'])}; {results['date']}. customer_totals (unless "
+        "a column names another example pipeline) in one warm local Spark session, live "
+        f"{results['live_rate']:,} records/s for "
         f"{results['seconds']:g} s after a 100,000-record backlog; latency is a record's "
         "append to its result being visible in the SQLite sink. Medians over "
         f"{results['repeat']} runs per variant, alternating.",

@@ -71,6 +71,8 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 EXAMPLE = ROOT / "definitions" / "defs" / "customer_totals" / "defs.yaml"
+#: The example project's pipelines (region_daily's transform is the project's own code).
+EXAMPLES = ("customer_totals", "region_minutes", "region_daily")
 BUCKETS = 8
 
 
@@ -276,15 +278,17 @@ def _latency_at(
     interval: float,
     realtime_settings: dict[str, Any] | None = None,
     name: str = "",
+    pipeline: str = "customer_totals",
 ) -> dict[str, Any]:
     """Append → visible per record at ``interval`` s micro-batches (and any other
-    ``realtime`` settings), with where each micro-batch spent its time."""
+    ``realtime`` settings) of one example ``pipeline``, with where each micro-batch spent
+    its time."""
     from backlog_dagster.phases.backlog import run_backlog
     from backlog_dagster.phases.realtime import run_realtime
 
     folder = scratch / (name or f"latency-{interval:g}")
     topic = _topic(folder / "example" / "orders", 100_000)
-    config = _example(folder)
+    config = _example(folder, pipeline)
     settings = {"checkpoint_interval": interval, **(realtime_settings or {})}
     config = config.model_copy(update={"realtime": config.realtime.model_copy(update=settings)})
     breakdown = MicroBatchBreakdown()
@@ -566,9 +570,12 @@ def _topic(path: Path, records: int) -> Topic:
     return topic
 
 
-def _example(data: Path) -> PipelineConfig:
-    """The example project's customer_totals pipeline, its paths under ``data``."""
-    return with_paths_under(load_pipeline(EXAMPLE), data)
+def _example(data: Path, pipeline: str = "customer_totals") -> PipelineConfig:
+    """One of the example project's pipelines (customer_totals unless named), its paths
+    under ``data``."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # region_daily's function is the project's
+    return with_paths_under(load_pipeline(EXAMPLE.parent.parent / pipeline / "defs.yaml"), data)
 
 
 def _fresh_sink(
