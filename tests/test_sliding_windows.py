@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
@@ -12,10 +13,13 @@ from pydantic import ValidationError
 from pyspark.sql import SparkSession
 
 from backlog_dagster.log import Topic
+from backlog_dagster.log.schema import TIMESTAMP
 from backlog_dagster.phases.backlog import run_backlog
-from backlog_dagster.phases.transform import window_ends
-from backlog_dagster.pipeline.config import WindowConfig
+from backlog_dagster.phases.micro_batch import _late_candidates
+from backlog_dagster.phases.transform import earliest_window_ends, window_ends
+from backlog_dagster.pipeline.config import PipelineConfig, WindowConfig
 from backlog_dagster.sink import open_sink
+from backlog_dagster.spark.records import APPENDED_COLUMN, BUCKET_COLUMN, OFFSET_COLUMN
 from tests.conftest import MakeTopic
 from tests.pipelines import assert_same, in_chunks, records_up_to
 from tests.test_backlog import wait_for
@@ -70,6 +74,52 @@ def test_a_record_falls_in_size_over_slide_windows() -> None:
     assert window_ends(65_000_000, tumbling) == [120_000_000] and not tumbling.sliding
     with pytest.raises(ValidationError, match="slide"):
         WindowConfig.model_validate({"size": "20s", "slide": "60s"})
+
+
+@pytest.mark.parametrize(
+    "window", [{"size": "60s"}, {"size": "60s", "slide": "20s"}, {"size": "50s", "slide": "20s"}]
+)
+def test_records_read_here_give_the_late_candidates_spark_gives(
+    spark: SparkSession, window: dict[str, str]
+) -> None:
+    """The late check's candidates found in the Arrow table a micro-batch was read into
+    are those Spark's filter finds: the same window ends, the nulls left out."""
+    rng = np.random.default_rng(3)
+    base = 1_700_000_000_000_000
+    times = base + rng.integers(0, 600_000_000, 2_000)
+    times[:4] = [base, base + 20_000_000, base + 60_000_000, base + 59_999_999]  # edges
+    valid = rng.random(2_000) > 0.05
+    records = pa.table(
+        {
+            BUCKET_COLUMN: pa.array(rng.integers(0, 4, 2_000), pa.int32()),
+            OFFSET_COLUMN: pa.array(np.arange(2_000), pa.int64()),
+            "ts": pa.array(times, pa.int64(), mask=~valid).cast(TIMESTAMP),
+            APPENDED_COLUMN: pa.array(times + 1_000, pa.int64()).cast(TIMESTAMP),
+        }
+    )
+    config = PipelineConfig.model_validate(
+        {
+            "name": "late_candidates",
+            "source": {"path": "unused", "event_time": "ts"},
+            "transform": {
+                "keys": ["k"],
+                "window": window,
+                "aggregations": [{"name": "n", "function": "count"}],
+            },
+            "sink": {"path": "unused.sqlite", "table": "late_candidates"},
+        }
+    )
+    assert config.transform.window is not None
+    expected = [window_ends(int(t), config.transform.window)[0] for t in times]
+    assert earliest_window_ends(times, config.transform.window).tolist() == expected
+    batch = spark.createDataFrame(records)
+    highest = base + 300_000_000
+    for by_arrival in (True, False):
+        here = _late_candidates(batch, records, config, highest, by_arrival)
+        there = _late_candidates(batch, None, config, highest, by_arrival)
+        assert 0 < here.num_rows < valid.sum()
+        assert here.schema.types == there.schema.types
+        assert here.sort_by("offset").to_pylist() == there.sort_by("offset").to_pylist()
 
 
 def test_sliding_windows_in_backlog_then_realtime_equal_the_oracle(

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 
 from backlog_dagster.log.schema import SchemaError, parse_ddl, to_ddl, type_name
@@ -386,6 +387,16 @@ def window_ends(event_time_us: int, window: WindowConfig) -> list[int]:
     last = event_time_us - event_time_us % slide_us
     starts = range(last - (math.ceil(size_us / slide_us) - 1) * slide_us, last + 1, slide_us)
     return [s + size_us for s in starts if s + size_us > event_time_us]
+
+
+def earliest_window_ends(event_times_us: np.ndarray, window: WindowConfig) -> np.ndarray:
+    """``window_ends(t, window)[0]`` for each event time (µs) at once: the end of the
+    first window each falls in, as ``earliest_window_end`` gives it in Spark."""
+    size_us, slide_us = window.size_us, window.slide_us
+    last = event_times_us - event_times_us % slide_us
+    first = last - (math.ceil(size_us / slide_us) - 1) * slide_us + size_us
+    # The first start from the last is at most one slide too early: then the next.
+    return np.where(first > event_times_us, first, first + slide_us)
 
 
 def _in_windows(late: LateWindows, size_us: int) -> Column:

@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
     from pyspark.sql.readwriter import DataFrameReader
 
 FORMAT = SPARK_FORMAT
@@ -331,14 +331,14 @@ def read_ranges(
 
 
 def read_here(
-    spark: SparkSession,
     source: Source,
     schema: StructType,
     start: Mapping[int, int],
     end: Mapping[int, int],
-) -> DataFrame:
+) -> pa.Table:
     """Records ``[start, end)`` per bucket read in this process, shaped as the stream
-    reader shapes them (PERMISSIVE), handed to Spark as a local relation in ``schema``.
+    reader shapes them (PERMISSIVE), as Arrow in ``schema``: to hand to Spark as a local
+    relation.
 
     For a small read this is much cheaper than a scan of this data source: the scan
     runs in a Python worker that Spark starts, feeds and drains per task (measured on
@@ -352,7 +352,7 @@ def read_here(
         for bucket, stop in sorted(end.items())
         for batch in read_range(source, bucket, start[bucket], stop, layout)
     ]
-    return spark.createDataFrame(pa.Table.from_batches(batches, layout.output), schema)
+    return pa.Table.from_batches(batches, layout.output)
 
 
 def share_read_limit(backlog: Mapping[str, int], limit: int) -> Offsets:
