@@ -18,7 +18,9 @@ shipped. Two cases, alternating, ``repeat`` runs each:
 - ``one shared Spark Connect server`` (only with ``--case``): as shipped with every
   pipeline's ``spark_master`` on one Spark Connect server (``local[*]``) started before
   ``dagster dev``: no run starts a JVM of its own. Its process counts in the memory and
-  CPU figures.
+  CPU figures;
+- ``shared Spark, 0.5 s micro-batches`` (only with ``--case``): the same with every
+  pipeline's ``realtime.checkpoint_interval`` at 0.5 s.
 
 ``--case`` runs only the cases named; their figures go to a file and a section of their
 own (``<date>-e2e-<cases>.json``).
@@ -97,9 +99,10 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
     "half_second_micro_batches": {"realtime": {"checkpoint_interval": 0.5}},
     "standby_lead_60s": {"switch": {"standby_lead": 60}},
     "shared_spark": {},
+    "shared_spark_half_second": {"realtime": {"checkpoint_interval": 0.5}},
 }
 #: Cases whose runs share one Spark Connect server, started before ``dagster dev``.
-SHARED_SPARK = {"shared_spark"}
+SHARED_SPARK = {"shared_spark", "shared_spark_half_second"}
 #: The cases a run without ``--case`` runs.
 DEFAULT_CASES = ("as_shipped", "switch_at_first_markers")
 #: Lag under this many seconds of input is fresh; the second, looser bound is reported
@@ -558,6 +561,7 @@ LABELS = {
     "half_second_micro_batches": "0.5 s micro-batches",
     "standby_lead_60s": "standby lead 60 s",
     "shared_spark": "one shared Spark Connect server",
+    "shared_spark_half_second": "shared Spark, 0.5 s micro-batches",
 }
 
 
