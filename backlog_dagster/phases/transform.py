@@ -39,6 +39,7 @@ from backlog_dagster.spark.records import (
     METADATA_COLUMNS,
     OFFSET_COLUMN,
 )
+from backlog_dagster.spark.session import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -344,16 +345,23 @@ class _PlanParts:
     checked: bool = False
 
 
-#: Per Spark session (a column belongs to its session's kind of Spark), per pipeline and
-#: input columns, the plan's parts.
-_parts_by_session: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], _PlanParts]] = (
+#: Per Spark (``_spark_of``), per pipeline and input columns, the plan's parts.
+_parts_by_spark: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], _PlanParts]] = (
     weakref.WeakKeyDictionary()
 )
 
 
+def _spark_of(records: DataFrame) -> object:
+    """What a column belongs to: a Connect client's session, or a local Spark's context
+    (PySpark wraps each ``foreachBatch`` call's DataFrame in a session object of its
+    own, over the one context)."""
+    session = records.sparkSession
+    return session if is_connect(session) else session.sparkContext
+
+
 def _plan_parts(records: DataFrame, config: PipelineConfig, payload: tuple[str, ...]) -> _PlanParts:
     key = (config.model_dump_json(), *records.columns, "|", *payload)
-    held = _parts_by_session.setdefault(records.sparkSession, {})
+    held = _parts_by_spark.setdefault(_spark_of(records), {})
     if key not in held:
         held[key] = _build_plan_parts(records, config, list(payload))
     return held[key]
