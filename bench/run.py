@@ -70,7 +70,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-EXAMPLE = ROOT / "definitions" / "defs" / "customer_totals" / "defs.yaml"
+EXAMPLE_DEFS = ROOT / "definitions" / "defs"
 #: The example project's pipelines (region_daily's transform is the project's own code).
 EXAMPLES = ("customer_totals", "region_minutes", "region_daily")
 BUCKETS = 8
@@ -575,7 +575,7 @@ def _example(data: Path, pipeline: str = "customer_totals") -> PipelineConfig:
     under ``data``."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))  # region_daily's function is the project's
-    return with_paths_under(load_pipeline(EXAMPLE.parent.parent / pipeline / "defs.yaml"), data)
+    return with_paths_under(load_pipeline(EXAMPLE_DEFS / pipeline / "defs.yaml"), data)
 
 
 def _fresh_sink(

@@ -134,16 +134,16 @@ class MicroBatchCommit:
         started = time.monotonic()
         start, end = batch_range(Path(self.checkpoint), batch_id, self.starting)
         with open_source(self.config) as topic:
-            records, read_here = _records_of(batch, topic, start, end)
+            records, as_arrow = _records_of(batch, topic, start, end)
             # Read twice (its late records, then the aggregation): Spark's scan is kept;
             # records read here are looked at as Arrow.
-            kept = self.config.transform.window is not None and read_here is None
+            kept = self.config.transform.window is not None and as_arrow is None
             if kept:
                 records = records.persist()
             watched = watch_buckets(records, self.config, topic, start, end)
         read = time.monotonic()
         try:
-            self._commit(sink, held, watched, read_here, batch_id, start, end, (started, read))
+            self._commit(sink, held, watched, as_arrow, batch_id, start, end, (started, read))
         finally:
             if kept:
                 records.unpersist()
@@ -153,7 +153,7 @@ class MicroBatchCommit:
         sink: Sink,
         held: Generation,
         watched: tuple[DataFrame, Callable[[], dict[int, BucketSeen] | None]],
-        read_here: pa.Table | None,
+        as_arrow: pa.Table | None,
         batch_id: int,
         start: dict[int, int],
         end: dict[int, int],
@@ -161,7 +161,7 @@ class MicroBatchCommit:
     ) -> None:
         config = self.config
         records, seen = watched
-        on_time, late, late_windows = _split_late(records, config, held, read_here)
+        on_time, late, late_windows = _split_late(records, config, held, as_arrow)
         reference = _reference_for(config, sink)
         prepared = time.monotonic()
         aggregated = collect(partial_results(on_time, config, late_windows, reference))
@@ -335,7 +335,7 @@ def _split_late(
     batch: DataFrame,
     config: PipelineConfig,
     held: Generation,
-    read_here: pa.Table | None = None,
+    as_arrow: pa.Table | None = None,
 ) -> tuple[DataFrame, pa.Table | None, LateWindows | None]:
     """Records whose window was open, and (as Arrow) those it was not (``phases.realtime``).
 
@@ -349,7 +349,8 @@ def _split_late(
     late if its window closed under the largest watermark any of them is judged by: one
     filter finds these few candidates (``_late_candidates``), and each is checked
     against its own on the driver (a join with every append's watermark cost about
-    100 ms a micro-batch).
+    100 ms a micro-batch). ``as_arrow``: the batch as the Arrow table it was read
+    into where the commit runs, if it was.
     """
     from pyspark.sql import functions as F
 
@@ -372,7 +373,7 @@ def _split_late(
     highest = max((m for m in marks.values() if m is not None), default=None)
     if highest is None:
         return batch, None, None
-    candidates = _late_candidates(batch, read_here, config, highest, by_arrival)
+    candidates = _late_candidates(batch, as_arrow, config, highest, by_arrival)
     at_arrival = pa.array([marks.get(t) for t in candidates["appended_at"].to_pylist()], pa.int64())
     closed = pc.fill_null(pc.less_equal(candidates["window_end"], at_arrival), False)
     late = candidates.append_column("watermark", at_arrival.cast(TIMESTAMP)).filter(closed)
@@ -393,7 +394,7 @@ def _split_late(
 
 def _late_candidates(
     batch: DataFrame,
-    read_here: pa.Table | None,
+    as_arrow: pa.Table | None,
     config: PipelineConfig,
     highest: int,
     by_arrival: bool,
@@ -408,11 +409,11 @@ def _late_candidates(
     window = config.transform.window
     assert window is not None
     event_time = config.source.event_time
-    if read_here is not None and _utc_micros(read_here.schema.field(event_time).type):
-        times = pc.cast(read_here[event_time], pa.int64())
+    if as_arrow is not None and _utc_micros(as_arrow.schema.field(event_time).type):
+        times = pc.cast(as_arrow[event_time], pa.int64())
         ends = earliest_window_ends(pc.fill_null(times, 0).to_numpy(), window)
         maybe = pc.is_valid(times).to_numpy(zero_copy_only=False) & (ends <= highest)
-        rows = read_here.filter(pa.array(maybe))
+        rows = as_arrow.filter(pa.array(maybe))
         arrival = (
             pc.cast(rows[APPENDED_COLUMN], pa.int64())
             if by_arrival
