@@ -16,12 +16,19 @@ if TYPE_CHECKING:
 #: interleaved in one session over 20 million reference records). ANSI mode is off so a
 #: cast or arithmetic that fails on one record gives null for it, and the record goes to
 #: the dead-letter table, instead of failing the whole job (see ``phases.bad_records``).
+#: The sketch aggregations (``count_distinct``, ``quantiles``) run in Spark's object hash
+#: aggregate, which sorts every row instead once a task holds more than 128 groups
+#: (Spark's default): region_daily's sliding windows over five days have 480, and its
+#: backlog of 4,000,000 records took 10.0 s instead of 4.2 s with a row per window, and
+#: 3.8 s instead of 2.0 s by panes (medians of 3). 4,096 groups of an HLL and a KLL
+#: sketch (a few KB each) are tens of MB a task.
 SESSION_CONF: Mapping[str, str] = {
     "spark.sql.ansi.enabled": "false",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.shuffle.partitions": "8",
     "spark.sql.adaptive.enabled": "true",
     "spark.sql.execution.arrow.maxRecordsPerBatch": "65536",
+    "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "4096",
 }
 #: Settings of a Spark this process starts (local or a cluster it submits to); a Spark
 #: Connect server fixed them when it started. The UI is off because nothing here looks
