@@ -254,7 +254,7 @@ def test_a_parquet_archive_is_read_by_sparks_own_reader_at_the_same_offsets(
         native = source.read_batch(spark, schema, start, end)
         assert any(path.endswith(".parquet") for path in native.inputFiles())
         through_python = read_ranges(
-            spark.read.format(FORMAT).options(**source.spark_options()), schema, start, end
+            spark, spark.read.format(FORMAT).options(**source.spark_options()), schema, start, end
         )
         order = ["_bucket", "_offset"]
         got = native.toPandas().sort_values(order, ignore_index=True)

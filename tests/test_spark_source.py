@@ -79,6 +79,22 @@ def test_batch_reads_exactly_the_requested_ranges_split_into_partitions(
     assert df.rdd.getNumPartitions() >= len(expected) // 100
 
 
+def test_the_projects_reads_take_as_many_tasks_as_spark_has_cores(
+    spark: SparkSession, make_topic: MakeTopic
+) -> None:
+    """More read tasks than cores only multiply the partial rows the shuffle merges."""
+    topic = make_topic(records=300_000, buckets=1)
+    start = dict.fromkeys(topic.buckets(), 0)
+    end = topic.latest_offsets()
+    assert read(spark, topic.path).rdd.getNumPartitions() == 3  # 100,000 records a task
+    ours = topic.read_batch(spark, None, start, end)
+    assert ours.rdd.getNumPartitions() == spark.sparkContext.defaultParallelism == 2
+    assert ours.count() == 300_000
+    # A one-chunk backlog asks for more, to show its progress in finished tasks.
+    assert topic.read_batch(spark, None, start, end, tasks=3).rdd.getNumPartitions() == 3
+    assert read(spark, topic.path, minPartitions=5).rdd.getNumPartitions() == 3
+
+
 def test_batch_select_of_declared_columns_and_bad_declarations(
     spark: SparkSession, make_topic: MakeTopic
 ) -> None:

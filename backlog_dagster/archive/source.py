@@ -269,6 +269,7 @@ class ArchiveThenLog:
         schema: str | None,
         start: Mapping[int, int] | None = None,
         end: Mapping[int, int] | None = None,
+        tasks: int | None = None,
     ) -> DataFrame:
         """Parquet archives are read by Spark's own Parquet reader (no hand-over through
         Python), the log's part by the log's reader; JSON archives through this source."""
@@ -277,7 +278,7 @@ class ArchiveThenLog:
 
         hybrid = spark.read.format(FORMAT).options(**self.spark_options())
         if start is None or self.fmt != "parquet":
-            return read_ranges(hybrid, schema, start, end)
+            return read_ranges(spark, hybrid, schema, start, end, tasks)
         end = dict(end) if end is not None else self.latest_offsets()
         earliest = {b: v.earliest for b, v in self.log.bounds().items()}
         archived = {
@@ -287,13 +288,13 @@ class ArchiveThenLog:
         }
         many = sum(len(held) for held in archived.values()) > MAX_FILES_PER_READ
         if many and self.log.payload is Payload.ARROW:
-            return read_ranges(hybrid, schema, start, end)
+            return read_ranges(spark, hybrid, schema, start, end, tasks)
         log_start = {b: min(max(s, earliest[b]), end[b]) for b, s in start.items()}
         in_log = [b for b in start if log_start[b] < end[b]]
         frames = []
         if archived:
             ranges = {b: (start[b], min(end[b], earliest[b])) for b in archived}
-            frames.append(parquet_ranges(spark, self, schema, archived, ranges))
+            frames.append(parquet_ranges(spark, self, schema, archived, ranges, tasks))
         if in_log or not frames:
             frames.append(
                 self.log.read_batch(
@@ -301,6 +302,7 @@ class ArchiveThenLog:
                     schema,
                     {b: log_start[b] for b in in_log},
                     {b: end[b] for b in in_log},
+                    tasks,
                 )
             )
         return frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])

@@ -31,6 +31,7 @@ from backlog_dagster.spark.records import (
     OFFSET_COLUMN,
     TIMESTAMP_COLUMN,
 )
+from backlog_dagster.spark.session import read_tasks
 from backlog_dagster.spark.source import SourceDataSource, records_per_task
 
 if TYPE_CHECKING:
@@ -50,10 +51,11 @@ def parquet_ranges(
     schema: str | None,
     files: Mapping[int, list[_Held]],
     ranges: Mapping[int, tuple[int, int]],
+    tasks: int | None = None,
 ) -> DataFrame:
     """Offsets ``ranges[bucket]`` from the Parquet ``files`` that hold them, in
     ``schema`` (the DDL the generic source takes; None: the archive's columns, bucket
-    and offset).
+    and offset), in the tasks ``read_tasks`` gives.
 
     One scan per file, its bucket and start offset constants of the plan: measured on
     16,000,000 records, taking them from each row's file name (``_metadata.file_name``)
@@ -95,7 +97,8 @@ def parquet_ranges(
             )
     whole = functools.reduce(lambda left, right: left.union(right), frames)
     records = sum(high - low for low, high in ranges.values())
-    return whole.coalesce(max(1, math.ceil(records / records_per_task(records))))
+    per_task = records_per_task(records, tasks=read_tasks(spark, tasks))
+    return whole.coalesce(max(1, math.ceil(records / per_task)))
 
 
 def _default_output(stored: pa.Schema) -> pa.Schema:

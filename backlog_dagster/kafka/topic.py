@@ -321,11 +321,12 @@ class KafkaTopic:
         schema: str | None,
         start: Mapping[int, int] | None = None,
         end: Mapping[int, int] | None = None,
+        tasks: int | None = None,
     ) -> DataFrame:
         from backlog_dagster.spark.source import read_ranges
 
         reader = spark.read.format(SPARK_FORMAT).options(**self.settings.to_options())
-        return read_ranges(reader, schema, start, end)
+        return read_ranges(spark, reader, schema, start, end, tasks)
 
     def stream_reader(self, spark: SparkSession) -> DataStreamReader:
         return spark.readStream.format(SPARK_FORMAT).options(**self.settings.to_options())

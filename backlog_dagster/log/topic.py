@@ -185,12 +185,12 @@ class Topic:
         schema: str | None,
         start: Mapping[int, int] | None = None,
         end: Mapping[int, int] | None = None,
+        tasks: int | None = None,
     ) -> DataFrame:
         from backlog_dagster.spark.source import FORMAT, read_ranges
 
-        return read_ranges(
-            spark.read.format(FORMAT).option("path", str(self.path)), schema, start, end
-        )
+        reader = spark.read.format(FORMAT).option("path", str(self.path))
+        return read_ranges(spark, reader, schema, start, end, tasks)
 
     def stream_reader(self, spark: SparkSession) -> DataStreamReader:
         from backlog_dagster.spark.source import FORMAT

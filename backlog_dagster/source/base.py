@@ -140,10 +140,13 @@ class Source(Protocol):
         schema: str | None,
         start: Mapping[int, int] | None = None,
         end: Mapping[int, int] | None = None,
+        tasks: int | None = None,
     ) -> DataFrame:
         """Records ``[start, end)`` of each bucket in ``start`` as a Spark DataFrame, in
         ``schema`` (DDL with the ``_bucket`` and ``_offset`` columns; None: the source's
-        own columns and those two). Without ranges: every bucket, earliest to latest."""
+        own columns and those two). Without ranges: every bucket, earliest to latest.
+        Read in at least ``tasks`` Spark tasks, and at least as many as Spark runs at
+        once (``spark.session.read_tasks``)."""
 
     def stream_reader(self, spark: SparkSession) -> DataStreamReader:
         """A Spark stream reader over the source; the caller adds ``startingOffsets``

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -86,6 +87,32 @@ def get_session(
 def is_connect(spark: SparkSession) -> bool:
     """Whether the session is a Spark Connect client (no SparkContext here)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+#: Per Spark Connect client session, the tasks its server runs at once.
+_slots_of_clients: weakref.WeakKeyDictionary[SparkSession, int] = weakref.WeakKeyDictionary()
+
+
+def task_slots(spark: SparkSession) -> int:
+    """How many tasks Spark runs at once: its default parallelism (a local Spark's cores,
+    a cluster's executor cores). A Spark Connect client has no SparkContext to ask, so
+    the server answers with the partitions it splits a range into by default: one tiny
+    job, once per client session."""
+    if not is_connect(spark):
+        return int(spark.sparkContext.defaultParallelism)
+    if spark not in _slots_of_clients:
+        from pyspark.sql import functions as F
+
+        parts = spark.range(1 << 16).select(F.spark_partition_id().alias("part"))
+        row = parts.agg(F.max("part").alias("last")).first()
+        _slots_of_clients[spark] = 1 + int(row["last"]) if row is not None else 1
+    return _slots_of_clients[spark]
+
+
+def read_tasks(spark: SparkSession, at_least: int | None = None) -> int:
+    """The tasks a read takes (records allowing): ``at_least``, and at least one per
+    task Spark runs at once, so that every core reads."""
+    return max(task_slots(spark), at_least or 1)
 
 
 def runs_elsewhere(spark: SparkSession) -> bool:

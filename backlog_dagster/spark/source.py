@@ -20,6 +20,8 @@ Options (all optional but ``path``, or what the source's own package names):
   among the buckets that have records to read. ``availableNow`` honours it.
 - ``buckets``: comma-separated bucket ids to read; default every bucket.
 - ``maxRecordsPerPartition``: larger bucket ranges are split into several Spark tasks.
+- ``minPartitions``: a read of at least that many times 100,000 records is split into at
+  least that many tasks (default 8; the project's reads pass ``read_tasks``).
 - ``mode`` (JSON payloads): ``PERMISSIVE`` (default; bad records go to
   ``_corrupt_record`` and ``_error``) or ``FAILFAST`` (stop naming bucket and offset).
 
@@ -63,17 +65,19 @@ from backlog_dagster.spark.records import (
     check_layout,
     read_range,
 )
+from backlog_dagster.spark.session import read_tasks
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     import pyarrow as pa
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.readwriter import DataFrameReader
 
 FORMAT = SPARK_FORMAT
 DEFAULT_MAX_RECORDS_PER_PARTITION = 2_000_000
-#: A read this many times ``MIN_RECORDS_PER_TASK`` or larger has at least this many tasks.
+#: A read this many times ``MIN_RECORDS_PER_TASK`` or larger has at least this many tasks,
+#: unless option ``minPartitions`` says otherwise.
 MIN_TASKS_PER_READ = 8
 MIN_RECORDS_PER_TASK = 100_000
 
@@ -142,6 +146,7 @@ class _Plan:
     layout: RecordLayout
     options: Mapping[str, str]
     max_records_per_partition: int
+    min_partitions: int
 
     @classmethod
     def make(
@@ -164,8 +169,9 @@ class _Plan:
         per_partition = _positive_int(
             options, "maxRecordsPerPartition", DEFAULT_MAX_RECORDS_PER_PARTITION
         )
-        assert per_partition is not None
-        return cls(open_source, layout, options, per_partition)
+        least = _positive_int(options, "minPartitions", MIN_TASKS_PER_READ)
+        assert per_partition is not None and least is not None
+        return cls(open_source, layout, options, per_partition, least)
 
     def source(self) -> Source:
         return self.open_source(self.options)
@@ -200,7 +206,7 @@ class _Plan:
     def partitions(self, start: Mapping[str, int], end: Mapping[str, int]) -> list[Ranges]:
         """Tasks of ``records_per_task`` records (fewer at a bucket's end)."""
         total = sum(max(0, stop - start.get(key, stop)) for key, stop in end.items())
-        size = records_per_task(total, self.max_records_per_partition)
+        size = records_per_task(total, self.max_records_per_partition, self.min_partitions)
         chosen = self.buckets
         pieces = []
         for key, stop in end.items():
@@ -305,20 +311,32 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _sorted({**{key: earliest[key] for key in missing}, **start})
 
 
-def records_per_task(total: int, most: int = DEFAULT_MAX_RECORDS_PER_PARTITION) -> int:
-    """A read's task size: at most ``most``; a read of ``MIN_TASKS_PER_READ`` times
-    ``MIN_RECORDS_PER_TASK`` records or more has at least ``MIN_TASKS_PER_READ`` tasks,
-    so that every core reads and a long read shows its progress in finished tasks."""
-    return min(most, max(MIN_RECORDS_PER_TASK, math.ceil(total / MIN_TASKS_PER_READ)))
+def records_per_task(
+    total: int, most: int = DEFAULT_MAX_RECORDS_PER_PARTITION, tasks: int = MIN_TASKS_PER_READ
+) -> int:
+    """A read's task size: at most ``most``; a read of ``tasks`` times
+    ``MIN_RECORDS_PER_TASK`` records or more has at least ``tasks`` tasks."""
+    return min(most, max(MIN_RECORDS_PER_TASK, math.ceil(total / tasks)))
 
 
 def read_ranges(
+    spark: SparkSession,
     reader: DataFrameReader,
     schema: str | None,
     start: Mapping[int, int] | None = None,
     end: Mapping[int, int] | None = None,
+    tasks: int | None = None,
 ) -> DataFrame:
-    """Load a reader of one of these data sources over ``[start, end)`` per bucket."""
+    """Load ``reader`` (one of these data sources, from ``spark``) over ``[start, end)``
+    per bucket, in the tasks ``read_tasks`` gives.
+
+    By default no more than Spark runs at once: each read task aggregates what it read
+    and hands one partial row per key it saw to the shuffle, so with many keys every
+    task beyond the cores adds about a task's worth of rows to shuffle and merge.
+    Measured on the example's 100,000 customers, six 2.7-million-record chunks on 2
+    cores: 8.0 s in 8 tasks each, 7.5 s in 4, 6.4 s in 2.
+    """
+    reader = reader.option("minPartitions", read_tasks(spark, tasks))
     if start is not None:
         reader = reader.option("buckets", ",".join(str(b) for b in sorted(start))).option(
             "startingOffsets", json.dumps({str(b): o for b, o in start.items()})
