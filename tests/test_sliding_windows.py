@@ -10,13 +10,14 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from pydantic import ValidationError
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from backlog_dagster.log import Topic
 from backlog_dagster.log.schema import TIMESTAMP
 from backlog_dagster.phases.backlog import run_backlog
+from backlog_dagster.phases.bad_records import DEAD_LETTER
 from backlog_dagster.phases.micro_batch import _late_candidates
-from backlog_dagster.phases.transform import earliest_window_ends, window_ends
+from backlog_dagster.phases.transform import earliest_window_ends, partial_results, window_ends
 from backlog_dagster.pipeline.config import PipelineConfig, WindowConfig
 from backlog_dagster.sink import open_sink
 from backlog_dagster.spark.records import APPENDED_COLUMN, BUCKET_COLUMN, OFFSET_COLUMN
@@ -120,6 +121,83 @@ def test_records_read_here_give_the_late_candidates_spark_gives(
         assert 0 < here.num_rows < valid.sum()
         assert here.schema.types == there.schema.types
         assert here.sort_by("offset").to_pylist() == there.sort_by("offset").to_pylist()
+
+
+@pytest.mark.parametrize(
+    "window", [{"size": "60s", "slide": "20s"}, {"size": "50s", "slide": "20s"}]
+)
+def test_by_panes_the_partials_are_those_of_a_row_per_window(
+    spark: SparkSession, window: dict[str, str]
+) -> None:
+    """Aggregated once per pane (the size and slide's greatest common divisor) and merged
+    into the windows, every partial equals the one a row per window gives: counts, sums,
+    minima and maxima exactly, the distinct count's sketch to the same estimate, the
+    quantiles' sketch over the same records; a bad record stays one dead letter."""
+    from pyspark.sql import functions as F
+
+    rng = np.random.default_rng(5)
+    n = 3_000
+    base = 1_700_000_000_000_000
+    times = base + rng.integers(-50_000_000, 400_000_000, n)
+    times[:3] = [base, base + 10_000_000, base + 49_999_999]  # pane and window edges
+    keys = np.where(rng.random(n) < 0.02, None, rng.choice(["a", "b", "c"], n))
+    records = pa.table(
+        {
+            "k": pa.array(keys.tolist(), pa.string()),
+            "ts": pa.array(times, pa.int64()).cast(TIMESTAMP),
+            "v": pa.array(rng.normal(100, 30, n)),
+            "who": pa.array(rng.integers(0, 400, n).astype(str).tolist(), pa.string()),
+            BUCKET_COLUMN: pa.array(np.zeros(n), pa.int32()),
+            OFFSET_COLUMN: pa.array(np.arange(n), pa.int64()),
+        }
+    )
+    config = PipelineConfig.model_validate(
+        {
+            "name": "panes",
+            "source": {"path": "unused", "event_time": "ts"},
+            "transform": {
+                "keys": ["k"],
+                "window": window,
+                "aggregations": [
+                    {"name": "n", "function": "count"},
+                    {"name": "total", "function": "sum", "column": "v"},
+                    {"name": "low", "function": "min", "column": "v"},
+                    {"name": "high", "function": "max", "column": "v"},
+                    {"name": "mean", "function": "avg", "column": "v"},
+                    {"name": "who", "function": "count_distinct", "column": "who"},
+                    {"name": "v", "function": "quantiles", "column": "v", "quantiles": [0.5]},
+                ],
+            },
+            "sink": {"path": "unused.sqlite", "table": "panes"},
+        }
+    )
+    batch = spark.createDataFrame(records)
+    by_panes = partial_results(batch, config)
+    # A late window no record is in: the same records, one row per window they fall in.
+    per_window = partial_results(batch, config, late_windows={(7, 0): [-1]})
+
+    def readable(partials: DataFrame) -> pd.DataFrame:
+        columns = [c for c in partials.columns if not c.endswith(("_hll", "_kll"))]
+        hll = next(c for c in partials.columns if c.endswith("_hll"))
+        kll = next(c for c in partials.columns if c.endswith("_kll"))
+        table = partials.select(
+            *columns,
+            F.hll_sketch_estimate(hll).alias("distinct"),
+            F.kll_sketch_get_n_double(kll).alias("kll_n"),
+        )
+        frame = table.toPandas()
+        frame[DEAD_LETTER] = frame[DEAD_LETTER].map(lambda d: None if d is None else d["offset"])
+        order = ["k", "window_start", DEAD_LETTER]
+        return frame.sort_values(order, ignore_index=True, na_position="first")
+
+    got, expected = readable(by_panes), readable(per_window)
+    # A dead letter's row keeps only the letter (its aggregates are not kept).
+    letters = got[DEAD_LETTER].dropna().tolist()
+    assert letters == expected[DEAD_LETTER].dropna().tolist()
+    assert len(letters) == (keys == None).sum() > 0  # noqa: E711
+    good, expected_good = got[got[DEAD_LETTER].isna()], expected[expected[DEAD_LETTER].isna()]
+    assert len(good) > 30
+    pd.testing.assert_frame_equal(good, expected_good, check_exact=False, rtol=1e-12)
 
 
 def test_sliding_windows_in_backlog_then_realtime_equal_the_oracle(
