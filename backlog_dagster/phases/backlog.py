@@ -8,7 +8,10 @@ once per chunk. No watermark: event-time windows take every record, however late
   A failure leaves nothing in the sink and the next run starts from the start.
 - ``checkpoint_interval > 0``: chunks sized to take about that long, and at least about
   2 s (``phases.chunks``, from the latest chunks' timings); each chunk's results and
-  progress commit together, and a failure resumes from the last commit.
+  progress commit together, and a failure resumes from the last commit. A chunk commits
+  on a thread of its own while the next chunk's Spark job runs (the sink is used by one
+  thread at a time), so the sink's commit does not add to each chunk's time; chunks
+  still commit in order, and the next one is counted only once the one before is in.
 
 With ``backlog.watermark_lag_threshold``, reaching the markers with the watermark still
 lagging by more than the threshold (records kept arriving while the backlog ran) takes
@@ -28,11 +31,13 @@ then stops at its next commit and the realtime phase continues from there.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -61,6 +66,12 @@ from backlog_dagster.spark.task_progress import TasksDone, watching_tasks
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+#: A backlog read in one chunk (``checkpoint_interval: 0``) commits only at its end, so
+#: until then its progress and ETA come from its finished read tasks: it reads in at
+#: least this many. Chunks commit every interval and read in as many tasks as Spark runs
+#: at once (``spark.source.read_ranges`` says why not more).
+ONE_CHUNK_READ_TASKS = 8
+
 
 @dataclass
 class BacklogReport:
@@ -73,10 +84,10 @@ class BacklogReport:
     skipped_records: int = 0
     chunks: int = 0
     seconds: float = 0.0
-    #: Each committed chunk: (records, seconds from the start of its job to its commit).
+    #: Each chunk read: (records, seconds from the start of its Spark job until the next
+    #: chunk's job could start: the job, and any wait for the chunk before to commit).
     chunk_timings: list[tuple[int, float]] = field(default_factory=list)
-    #: Of each committed chunk's seconds, those of the sink's commit (the rest is the
-    #: Spark job: reading, transforming, collecting the partial results).
+    #: Each committed chunk's sink commit (s), made while the next chunk's job ran.
     chunk_commits_s: list[float] = field(default_factory=list)
     buckets: dict[int, BucketState] = field(default_factory=dict)
     #: Per bucket, the parts of the source its backlog was read from ("archive, log").
@@ -88,6 +99,9 @@ class BacklogReport:
     reading_since: float | None = None
     #: The chunk under way: per bucket its start and its end offsets (None between chunks).
     chunk: tuple[dict[int, int], dict[int, int]] | None = None
+    #: Per bucket, the end of the last chunk whose Spark job ended (its commit may still
+    #: be in flight): what the run has read, for its published progress.
+    read_to: dict[int, int] = field(default_factory=dict)
 
     @property
     def records_per_second(self) -> float:
@@ -183,27 +197,34 @@ def publishing_progress(
     a backlog committed in one chunk shows progress too."""
     #: (time, records held by the source): the arrival rate over the last half minute.
     held: deque[tuple[float, int]] = deque()
+    #: The chunk last estimated, and the most of its read tasks seen done: between the
+    #: Spark jobs of one chunk no job is active, and its estimate must not go back.
+    estimated: tuple[object, float] = (None, 0.0)
 
     def publish(sink: Sink, topic: Source, tasks_done: TasksDone) -> None:
+        nonlocal estimated
         now = time.time()
         held.append((now, sum(topic.latest_offsets().values())))
         while len(held) > 2 and now - held[1][0] >= 30:
             held.popleft()
         (first_at, first), (last_at, last) = held[0], held[-1]
         arrival = (last - first) / (last_at - first_at) if last_at > first_at else 0.0
-        chunk = report.chunk  # one read: the run replaces it whole
-        share = None if chunk is None else tasks_done()
-        in_flight = {}
-        if chunk is not None and share is not None:
+        # One read each: the run replaces them whole.
+        chunk, read_to, rows_read = report.chunk, dict(report.read_to), report.rows_read
+        if chunk is not None:
+            share = max(estimated[1] if estimated[0] is chunk else 0.0, tasks_done() or 0.0)
+            estimated = (chunk, share)
             start, end = chunk
-            in_flight = {b: int((end[b] - low) * share) for b, low in start.items()}
+            under_way = {b: int((end[b] - low) * share) for b, low in start.items()}
+            read_to |= {b: start[b] + n for b, n in under_way.items()}
+            rows_read += sum(under_way.values())
         progress = RunProgress(
             run_id=run_id,
             generation=report.generation,
             started_at=report.reading_since or now,
             at=now,
-            records_read=report.rows_read + sum(in_flight.values()),
-            in_flight=in_flight,
+            records_read=rows_read,
+            read_to=read_to,
             arrival_per_s=max(0.0, arrival),
         )
         sink.publish_progress(run_id, progress.to_json())
@@ -251,68 +272,154 @@ def _read_to_markers(
             f"backlog: joining {join.describe()}, {reference.table.num_rows:,} rows, "
             f"version {reference.version}"
         )
-    while left > 0:
-        if config.backlog.boundary == "none" and sink.phase() == "realtime":
-            log("backlog: the switch moved the pipeline to realtime; stopping here")
-            break
-        budget = left if interval == 0 else next_chunk_records(interval, report.chunk_timings)
-        start = {b: s.reached for b, s in generation.buckets.items()}
-        grant = share_read_limit(
-            {str(b): max(0, s.marker - s.reached) for b, s in generation.buckets.items()}, budget
-        )
-        end = _within_held(config, start, {b: start[b] + grant[str(b)] for b in start})
-        chunk_started = time.monotonic()
-        report.reading_since = report.reading_since or time.time()
-        report.chunk = (start, end)
-        try:
-            aggregated, event_times = _aggregate(spark, config, start, end, reference)
-        except Exception:
-            report.chunk = None
-            # A range may have vanished under the job (retention): say so, or skip it.
+    tasks = ONE_CHUNK_READ_TASKS if interval == 0 else None
+    committed = _Commits(report, log, realtime=_moved_to_realtime(sink, config))
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="backlog-commit") as committer:
+        while left > 0 and not committed.realtime:
+            budget = left if interval == 0 else next_chunk_records(interval, report.chunk_timings)
             with open_source(config) as topic:
-                if not removed_unread(generation, topic):
-                    raise
+                if committed.pending is not None and removed_unread(generation, topic):
+                    committed.wait()  # the sink moves past the gap after it
                 generation, skipped = _past_removed(sink, topic, config, generation, log)
             report.skipped_records += skipped
             left = _left(generation)
-            continue
-        refuse_bad_records(config, aggregated.dead_letters)
-        committing = time.monotonic()
-        sink.commit(
-            generation.number,
-            start,
-            end,
-            aggregated.results,
-            event_times=event_times,
-            dead_letters=aggregated.dead_letters,
-            joined=None if reference is None else reference.version,
-        )
-        committed = time.monotonic()
-        chunk_seconds = committed - chunk_started
-        chunk_records = sum(end[b] - start[b] for b in start)
-        report.chunk = None
-        report.chunk_timings.append((chunk_records, chunk_seconds))
-        report.chunk_commits_s.append(committed - committing)
-        report.rows_read += chunk_records
-        report.rows_written += aggregated.results.num_rows
-        report.bad_records += aggregated.dead_letters.num_rows
-        report.chunks += 1
-        generation = _reached(generation, end)
-        left = _left(generation)
-        if aggregated.dead_letters.num_rows:
-            log(
-                f"backlog: {aggregated.dead_letters.num_rows:,} bad record(s) in this chunk "
-                f"went to {config.sink.table}_dead_letters"
+            if left == 0:
+                break
+            start = {b: s.reached for b, s in generation.buckets.items()}
+            grant = share_read_limit(
+                {str(b): max(0, s.marker - s.reached) for b, s in generation.buckets.items()},
+                budget,
             )
-        with open_source(config) as topic:
-            log(
-                _progress_line(
-                    generation, chunk_records, chunk_seconds, committed - committing, topic
-                )
+            end = _within_held(config, start, {b: start[b] + grant[str(b)] for b in start})
+            chunk_started = time.monotonic()
+            report.reading_since = report.reading_since or time.time()
+            report.chunk = (start, end)
+            try:
+                aggregated, event_times = _aggregate(spark, config, start, end, reference, tasks)
+            except Exception:
+                report.chunk = None
+                committed.wait()
+                # A range may have vanished under the job (retention): say so, or skip it.
+                with open_source(config) as topic:
+                    if not removed_unread(generation, topic):
+                        raise
+                    generation, skipped = _past_removed(sink, topic, config, generation, log)
+                report.skipped_records += skipped
+                left = _left(generation)
+                continue
+            records = sum(end[b] - start[b] for b in start)
+            report.read_to = {**report.read_to, **end}
+            report.rows_read += records
+            report.chunk = None
+            refuse_bad_records(config, aggregated.dead_letters)
+            committed.wait()
+            # Its job, and any wait for the chunk before it: when the next job can start.
+            seconds = time.monotonic() - chunk_started
+            report.chunk_timings.append((records, seconds))
+            generation = _reached(generation, end)
+            left = _left(generation)
+            commit = functools.partial(
+                _commit,
+                sink,
+                config,
+                generation,
+                start,
+                end,
+                aggregated,
+                event_times,
+                None if reference is None else reference.version,
+                seconds,
             )
-            generation, skipped = _past_removed(sink, topic, config, generation, log)
-        report.skipped_records += skipped
+            committed.pending = _InFlight(committer.submit(commit), aggregated)
+        committed.wait()
+    if committed.realtime:
+        log("backlog: the switch moved the pipeline to realtime; stopping here")
     return generation
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    """A chunk whose commit runs on the commit thread while the next chunk's job runs."""
+
+    commit: Future[_Committed]
+    aggregated: Aggregated
+
+
+@dataclass(frozen=True)
+class _Committed:
+    seconds: float
+    #: What to log about the chunk.
+    lines: tuple[str, ...]
+    #: With ``backlog.boundary: none``: the switch moved the pipeline to realtime.
+    realtime: bool
+
+
+def _commit(
+    sink: Sink,
+    config: PipelineConfig,
+    generation: Generation,
+    start: dict[int, int],
+    end: dict[int, int],
+    aggregated: Aggregated,
+    event_times: dict[int, int | None],
+    joined: str | None,
+    read_s: float,
+) -> _Committed:
+    """Commit a chunk (on the commit thread, the only user of ``sink`` meanwhile);
+    ``generation`` is as it stands after it, ``read_s`` its job's time."""
+    committing = time.monotonic()
+    sink.commit(
+        generation.number,
+        start,
+        end,
+        aggregated.results,
+        event_times=event_times,
+        dead_letters=aggregated.dead_letters,
+        joined=joined,
+    )
+    seconds = time.monotonic() - committing
+    lines = []
+    if aggregated.dead_letters.num_rows:
+        lines.append(
+            f"backlog: {aggregated.dead_letters.num_rows:,} bad record(s) in this chunk "
+            f"went to {config.sink.table}_dead_letters"
+        )
+    with open_source(config) as topic:
+        records = sum(end[b] - start[b] for b in start)
+        lines.append(_progress_line(generation, records, read_s, seconds, topic))
+    return _Committed(seconds, tuple(lines), _moved_to_realtime(sink, config))
+
+
+def _moved_to_realtime(sink: Sink, config: PipelineConfig) -> bool:
+    """With ``backlog.boundary: none``: whether the switch moved the pipeline to realtime
+    (the run then stops at its next commit)."""
+    return config.backlog.boundary == "none" and sink.phase() == "realtime"
+
+
+@dataclass
+class _Commits:
+    """The chunk whose commit is in flight, if one is, and what the committed chunks add
+    to the report, as each commit is waited for."""
+
+    report: BacklogReport
+    log: Callable[[str], None]
+    realtime: bool = False
+    pending: _InFlight | None = None
+
+    def wait(self) -> None:
+        """Wait for the commit in flight, if any (raising what it raised), and count it."""
+        chunk, self.pending = self.pending, None
+        if chunk is None:
+            return
+        done = chunk.commit.result()
+        report, dead = self.report, chunk.aggregated.dead_letters
+        report.chunk_commits_s.append(done.seconds)
+        report.rows_written += chunk.aggregated.results.num_rows
+        report.bad_records += dead.num_rows
+        report.chunks += 1
+        for line in done.lines:
+            self.log(line)
+        self.realtime = self.realtime or done.realtime
 
 
 def _within_held(
@@ -364,10 +471,12 @@ def _aggregate(
     start: dict[int, int],
     end: dict[int, int],
     reference: Reference | None,
+    tasks: int | None,
 ) -> tuple[Aggregated, dict[int, int | None]]:
-    """The chunk's partial results, and each bucket's latest event time read."""
+    """The chunk's partial results, and each bucket's latest event time read (in at
+    least ``tasks`` read tasks)."""
     with open_source(config) as topic:
-        records = topic.read_batch(spark, read_schema(config, topic), start, end)
+        records = topic.read_batch(spark, read_schema(config, topic), start, end, tasks)
         watched, seen = watch_buckets(records, config, topic, start, end)
     aggregated = collect(partial_results(watched, config, reference=reference))
     return aggregated, {b: s.event_time_us for b, s in (seen() or {}).items()}
@@ -384,7 +493,7 @@ def _reached(generation: Generation, end: dict[int, int]) -> Generation:
 
 
 def _progress_line(
-    generation: Generation, records: int, seconds: float, commit_s: float, topic: Source
+    generation: Generation, records: int, read_s: float, commit_s: float, topic: Source
 ) -> str:
     """The line a chunk logs; an unfinished bucket says which part of the source it is in."""
     total = sum(b.marker - b.start for b in generation.buckets.values())
@@ -396,8 +505,8 @@ def _progress_line(
     )
     return (
         f"backlog {_percent(done, total)} ({done:,}/{total:,}); chunk of {records:,} in "
-        f"{seconds:.1f} s ({records / max(seconds, 1e-3):,.0f}/s, the sink's commit "
-        f"{commit_s:.1f} s); buckets {per_bucket}"
+        f"{read_s:.1f} s ({records / max(read_s, 1e-3):,.0f}/s), then the sink's commit "
+        f"{commit_s:.1f} s; buckets {per_bucket}"
     )
 
 
