@@ -355,8 +355,45 @@ def test_a_backlog_in_one_chunk_publishes_its_progress_while_spark_reads(
         watcher.join()
     assert report.chunks == 1 and report.rows_read == 900_000
     assert {p.run_id for p in seen} == {"the run"}
-    during = [p for p in seen if p.in_flight]
+    during = [p for p in seen if p.read_to]
     assert any(0 < p.records_read < 900_000 for p in during), sorted(
-        {(p.records_read, tuple(p.in_flight.values())) for p in seen}
+        {(p.records_read, tuple(p.read_to.values())) for p in seen}
     )
-    assert all(sum(p.in_flight.values()) == p.records_read for p in during)
+    # Every bucket starts at offset 0: what each has read to adds up to the records read.
+    assert all(sum(p.read_to.values()) == p.records_read for p in during)
+
+
+def test_a_backlog_in_chunks_never_shows_less_done_than_before(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """A chunk commits beside the next chunk's job: the progress the sensor computes
+    (committed offsets, and what the run published it read) counts it once, before and
+    after its commit lands, and never goes back."""
+    import threading
+
+    from backlog_dagster.phases.progress import RunProgress, backlog_progress
+
+    make_topic(records=200_000, buckets=4)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS, switch={"status_every": 0.02})
+    done_seen: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        with open_sink(config) as sink:
+            while not stop.wait(0.01):
+                generation, published = sink.current_generation(), sink.published_progress()
+                if generation is not None and published is not None:
+                    run = RunProgress.from_json(published)
+                    done_seen.append(backlog_progress(generation, run, config).done)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with open_sink(config) as sink:
+            report = run_backlog(spark, config, sink, checkpoint_interval=0.04, log=print)
+    finally:
+        stop.set()
+        watcher.join()
+    assert report.chunks >= 3 and report.rows_read == 200_000
+    assert len(set(done_seen)) >= 3, done_seen
+    assert done_seen == sorted(done_seen), done_seen

@@ -176,8 +176,8 @@ def test_the_standby_starts_once_the_backlogs_eta_is_within_its_lead(
 
     def publish(run: dg.DagsterRun, seconds_reading: float, read: int = 400) -> None:
         now = time.time()
-        in_flight = {0: 150, 1: 250} if read else {}
-        progress = RunProgress(run.run_id, 1, now - seconds_reading, now, read, in_flight)
+        read_to = {0: 150, 1: 250} if read else {}  # both buckets start at 0
+        progress = RunProgress(run.run_id, 1, now - seconds_reading, now, read, read_to)
         with open_sink(config) as sink:
             sink.publish_progress(run.run_id, progress.to_json())
 

@@ -1,8 +1,9 @@
 """Where a pipeline is, in numbers and words: the backlog's progress and ETA, the
 realtime lag.
 
-A backlog run publishes what only it knows (``RunProgress``: the records it read in the
-chunk under way, estimated from Spark's finished tasks, and how fast records arrive)
+A backlog run publishes what only it knows (``RunProgress``: how far it has read,
+counting chunks not committed yet and the share of the chunk under way that Spark's
+finished tasks stand for, and how fast records arrive)
 in the sink beside its heartbeat. This module combines that with the committed progress
 into ``BacklogProgress``, the one place the percentages, the rate and the ETA are
 computed, for the sensor's observations and tick reasons and for ``pipeline status``.
@@ -39,21 +40,23 @@ class RunProgress:
     #: the planning before it are not reading), and when this was published.
     started_at: float
     at: float
-    #: Records this run has read so far: committed chunks, and the share of the chunk
-    #: under way that Spark's finished tasks stand for.
+    #: Records this run has read so far: chunks whose Spark job ended (committed or
+    #: not yet), and the share of the chunk under way that Spark's finished tasks stand
+    #: for.
     records_read: int
-    #: Per bucket, the records of the chunk under way read beyond its committed offset.
-    in_flight: dict[int, int] = field(default_factory=dict)
+    #: Per bucket, the offset this run has read up to, counted as ``records_read``: a
+    #: chunk whose commit is in flight beside the next chunk's job counts as read.
+    read_to: dict[int, int] = field(default_factory=dict)
     #: Records/s arriving at the source lately (0 when nothing arrives).
     arrival_per_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "in_flight": {str(b): n for b, n in self.in_flight.items()}}
+        return {**asdict(self), "read_to": {str(b): n for b, n in self.read_to.items()}}
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> RunProgress:
         values = dict(data)
-        values["in_flight"] = {int(b): int(n) for b, n in data.get("in_flight", {}).items()}
+        values["read_to"] = {int(b): int(n) for b, n in data.get("read_to", {}).items()}
         return RunProgress(**values)
 
 
@@ -116,11 +119,11 @@ def backlog_progress(
     continues_rounds = config.backlog.watermark_lag_threshold is not None
     if run is not None and run.generation != generation.number:
         run = None
-    in_flight = {} if run is None else run.in_flight
+    read_to = {} if run is None else run.read_to
     buckets = tuple(
         BucketProgress(
             b.bucket,
-            min(b.marker, b.reached + in_flight.get(b.bucket, 0)) - b.start,
+            min(b.marker, max(b.reached, read_to.get(b.bucket, b.reached))) - b.start,
             b.marker - b.start,
         )
         for b in sorted(generation.buckets.values(), key=lambda s: s.bucket)
