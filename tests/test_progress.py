@@ -28,17 +28,15 @@ def generation(reached: tuple[int, int]) -> Generation:
     return Generation(1, 0.0, "first start", "", buckets)
 
 
-def run(
-    records: int, seconds: float, in_flight: dict[int, int], arrival: float = 0.0
-) -> RunProgress:
-    return RunProgress("r", 1, 1_000.0, 1_000.0 + seconds, records, in_flight, arrival)
+def run(records: int, seconds: float, read_to: dict[int, int], arrival: float = 0.0) -> RunProgress:
+    return RunProgress("r", 1, 1_000.0, 1_000.0 + seconds, records, read_to, arrival)
 
 
 def test_progress_counts_the_chunk_under_way_and_the_eta_follows_the_rate(tmp_path: Path) -> None:
     config = pipeline(tmp_path, CUSTOMER_TOTALS)
     # Nothing committed; Spark's finished read tasks stand for 250,000 records per bucket.
     progress = backlog_progress(
-        generation((0, 100)), run(500_000, 10, {0: 250_000, 1: 250_000}), config
+        generation((0, 100)), run(500_000, 10, {0: 250_000, 1: 250_100}), config
     )
     assert (progress.done, progress.total) == (500_000, 2_000_000)
     assert [b.percent for b in progress.buckets] == [25.0, 25.0]
@@ -49,13 +47,17 @@ def test_progress_counts_the_chunk_under_way_and_the_eta_follows_the_rate(tmp_pa
     )
     # The markers strategy's switch does not wait for what arrives meanwhile.
     arriving = backlog_progress(
-        generation((0, 100)), run(500_000, 10, {0: 250_000, 1: 250_000}, 20_000), config
+        generation((0, 100)), run(500_000, 10, {0: 250_000, 1: 250_100}, 20_000), config
     )
     assert arriving.eta_s == 30
     # A chunk under way never counts past a marker; a finished bucket is 100 %.
-    done = backlog_progress(generation((1_000_000, 500_100)), run(1, 1, {1: 900_000}), config)
+    done = backlog_progress(generation((1_000_000, 500_100)), run(1, 1, {1: 1_400_100}), config)
     assert [b.percent for b in done.buckets] == [100.0, 100.0]
     assert done.eta_s == 0
+    # A chunk read whose commit is in flight counts once: before and after it lands.
+    for reached in ((0, 100), (400_000, 100)):
+        both = backlog_progress(generation(reached), run(800_000, 10, {0: 400_000}), config)
+        assert both.done == 400_000
 
 
 def test_with_a_lag_threshold_the_eta_counts_what_arrives(tmp_path: Path) -> None:
