@@ -55,15 +55,20 @@ def chromium(user_data: Path) -> Iterator[webdriver.Chrome]:
 
 
 def page_showing(
-    browser: webdriver.Chrome, url: str, expected: list[str], timeout: float = 90
+    browser: webdriver.Chrome,
+    url: str,
+    expected: list[str],
+    timeout: float = 90,
+    reload_every: float = 3,
 ) -> str:
     """Open ``url`` and wait until its text holds every string of ``expected``; the text.
 
-    Dagster's first-visit dialog is skipped. The page is reloaded every 3 s, as a
-    reader would, so that observations that arrive meanwhile show.
+    Dagster's first-visit dialog is skipped. The page is reloaded every
+    ``reload_every`` s, as a reader would, so that observations that arrive meanwhile
+    show.
     """
     browser.get(url)
-    deadline, reload_at = time.monotonic() + timeout, time.monotonic() + 3
+    deadline, reload_at = time.monotonic() + timeout, time.monotonic() + reload_every
     text = ""
     while time.monotonic() < deadline:
         for button in browser.find_elements(By.XPATH, "//button[normalize-space()='Skip']"):
@@ -74,7 +79,7 @@ def page_showing(
             return text
         if time.monotonic() >= reload_at:
             browser.refresh()
-            reload_at = time.monotonic() + 3
+            reload_at = time.monotonic() + reload_every
         time.sleep(0.5)
     missing = [e for e in expected if e not in text]
     raise AssertionError(f"{url} did not show {missing} within {timeout:g} s; it showed:\n{text}")
