@@ -17,7 +17,7 @@ from backlog_dagster.log import Topic
 from backlog_dagster.phases import micro_batch
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.markers import continue_backlog, current_generation
-from backlog_dagster.phases.realtime import BacklogNotFinished, run_realtime
+from backlog_dagster.phases.realtime import BacklogNotFinished, read_limit, run_realtime
 from backlog_dagster.phases.standby import await_switch
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import open_sink
@@ -72,6 +72,20 @@ class RealtimeThread(threading.Thread):
         assert not self.is_alive()
         if self.error is not None:
             raise self.error
+
+
+def test_the_read_limit_follows_the_interval_unless_set(tmp_path: Path) -> None:
+    """Realtime catches up at most the read limit a micro-batch: auto scales it with the
+    interval the run uses."""
+    auto = pipeline(tmp_path, CUSTOMER_TOTALS)
+    assert read_limit(auto, 2) == 500_000
+    assert read_limit(auto, 0.2) == 100_000
+    written = pipeline(tmp_path, CUSTOMER_TOTALS, realtime={"max_records_per_trigger": "auto"})
+    assert read_limit(written, 2) == 500_000
+    fixed = pipeline(tmp_path, CUSTOMER_TOTALS, realtime={"max_records_per_trigger": 1_000})
+    assert read_limit(fixed, 2) == 1_000
+    unlimited = pipeline(tmp_path, CUSTOMER_TOTALS, realtime={"max_records_per_trigger": None})
+    assert read_limit(unlimited, 2) is None
 
 
 def test_realtime_refuses_to_start_before_the_backlog_is_done(

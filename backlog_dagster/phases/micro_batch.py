@@ -125,6 +125,8 @@ class MicroBatchCommit:
     checkpoint: str = ""
     #: Where the query started, per bucket: the first micro-batch's start.
     starting: Mapping[int, int] = field(default_factory=dict)
+    #: The query's read limit (records per micro-batch; None: none).
+    read_limit: int | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         sink = _sink_for(self.config)
@@ -161,7 +163,7 @@ class MicroBatchCommit:
     ) -> None:
         config = self.config
         records, seen = watched
-        on_time, late, late_windows = _split_late(records, config, held, as_arrow)
+        on_time, late, late_windows = _split_late(records, config, held, as_arrow, self.read_limit)
         reference = _reference_for(config, sink)
         prepared = time.monotonic()
         aggregated = collect(partial_results(on_time, config, late_windows, reference))
@@ -365,7 +367,7 @@ def _split_late(
                 {b: s.reached for b, s in held.buckets.items()},
                 lateness_us(config),
                 config.source.idle_timeout,
-                config.realtime.max_records_per_trigger,
+                read_limit,
             )
         else:
             committed = watermark_lag(held, topic, config, time.time()).watermark_us

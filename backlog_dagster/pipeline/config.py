@@ -626,11 +626,13 @@ class RealtimeConfig(Frozen):
         "(bench/realtime.py) and leaves cores to other pipelines; raise it for micro-batches "
         "of millions of records.",
     )
-    max_records_per_trigger: int | None = Field(
-        100_000,
-        gt=0,
-        description="Read limit per micro-batch, so the first batch after the switch (which "
-        "takes what arrived meanwhile) commits soon; null for no limit.",
+    max_records_per_trigger: Annotated[int, Field(gt=0)] | Literal["auto"] | None = Field(
+        "auto",
+        description="Read limit per micro-batch. A micro-batch that starts behind (the "
+        "first after the switch takes what arrived meanwhile) reads at most this many "
+        "records, so it commits soon; realtime then catches up at most this many records "
+        "per checkpoint_interval. auto: 250,000 records per second of the interval, at "
+        "least 100,000; null for no limit.",
     )
     checkpoint_location: str = Field(
         "checkpoints",
