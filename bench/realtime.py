@@ -75,7 +75,9 @@ def main() -> None:
         for round_ in range(args.repeat):
             for index, name in enumerate(names):
                 variant = VARIANTS[name]
-                micro_batch.READ_HERE_MAX_RECORDS = READ_HERE if variant.read_here else -1
+                micro_batch.READ_HERE_MAX_RECORDS = (
+                    READ_HERE if variant.read_here else {False: -1, True: -1}
+                )
                 row = _latency_at(
                     spark,
                     scratch,

@@ -110,7 +110,7 @@ def test_realtime_continues_from_the_backlog_state_exactly(
     """Whether the commit reads a micro-batch's records itself or Spark's scan does (a
     batch with a bucket born since the query started is always Spark's scan)."""
     if not read_here:
-        monkeypatch.setattr(micro_batch, "READ_HERE_MAX_RECORDS", -1)
+        monkeypatch.setattr(micro_batch, "READ_HERE_MAX_RECORDS", {False: -1, True: -1})
     topic = make_topic(records=30_000, buckets=3)
     config = pipeline(tmp_path, CUSTOMER_TOTALS, realtime={"checkpoint_interval": 0.5})
     with open_sink(config) as sink:
