@@ -6,10 +6,13 @@ The example's customer_totals backlog over the reference records (8 buckets), in
 warm Spark session (``local[*]``), at each checkpoint interval in ``INTERVALS``,
 alternating, ``repeat`` times each, each into a fresh SQLite sink. Per interval: the
 backlog's records/s (median) and its ratio to interval 0 (one chunk), and the chunks'
-durations, from the start of a chunk's Spark job to its commit: their median and the
-share within ±50 % of the interval (the last chunk, which takes what is left, aside).
-And over every chunk of the positive intervals: the part of a chunk's time that does not
-depend on its size, the rate beyond it, and the sink's commit of a chunk.
+durations, from the start of a chunk's Spark job until the next chunk's could start (a
+chunk commits beside the next one's job): their median and the share within ±50 % of the
+interval (the last chunk, which takes what is left, aside). The same at 0 and 2 s into a
+PostgreSQL sink (a new database on the local server, dropped afterwards), whose commit
+of a chunk takes several times SQLite's. And over every SQLite chunk of the positive
+intervals: the part of a chunk's time that does not depend on its size, the rate beyond
+it, and the sink's commit of a chunk.
 
 Writes ``bench/results/<date>-chunks.json`` and its section of ``BENCHMARKS.md``.
 """
@@ -32,9 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cases import ours
 from report import machine_line, publish
 from run import _example, _fresh_sink, _topic, machine
+from sinks import _on
+
+from tests.postgres import SERVER, fresh_database
 
 ROOT = Path(__file__).resolve().parent.parent
 INTERVALS = (0.0, 0.5, 2.0, 5.0)
+#: The intervals also run into PostgreSQL.
+POSTGRES_INTERVALS = (0.0, 2.0)
 HEADER = (
     "| interval | seconds (median) | records/s | over interval 0 | chunks per run "
     "| chunk median (s) | chunks within ±50 % |"
@@ -48,14 +56,15 @@ def main() -> None:
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="bench-chunks-"))
     try:
-        results = measure(scratch, args.records, args.repeat)
+        with fresh_database(SERVER) as dsn:
+            results = measure(scratch, dsn, args.records, args.repeat)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     path = publish("chunks", results, "chunks.py", _markdown(results))
     print(f"wrote {path} and BENCHMARKS.md")
 
 
-def measure(scratch: Path, records: int, repeat: int) -> dict[str, Any]:
+def measure(scratch: Path, dsn: str, records: int, repeat: int) -> dict[str, Any]:
     from backlog_dagster.spark.session import get_session
 
     _topic(scratch / "example" / "orders", records).close()
@@ -63,18 +72,26 @@ def measure(scratch: Path, records: int, repeat: int) -> dict[str, Any]:
     spark = get_session("local[*]", app_name="bench-chunks")
     spark.sparkContext.setLogLevel("ERROR")
     ours(spark, _fresh_sink(config, scratch, "warm-up"), 0)
-    runs: dict[float, list[dict[str, Any]]] = {interval: [] for interval in INTERVALS}
+    plan = [("sqlite", i) for i in INTERVALS] + [("postgres", i) for i in POSTGRES_INTERVALS]
+    runs: dict[tuple[str, float], list[dict[str, Any]]] = {case: [] for case in plan}
     for rep in range(repeat):
-        for interval in INTERVALS:
-            run = ours(spark, _fresh_sink(config, scratch, f"{interval:g}-{rep}"), interval)
+        for sink, interval in plan:
+            name = f"{sink}_{interval:g}_{rep}".replace(".", "_")
+            if sink == "sqlite":
+                on = _fresh_sink(config, scratch, name)
+            else:
+                on = _on("postgres", scratch, dsn, name)
+            run = ours(spark, on, interval)
             assert run["records"] == records, run
-            runs[interval].append(run)
+            runs[sink, interval].append(run)
             durations = ", ".join(f"{s:.1f}" for _, s in run["chunks"])
-            print(f"interval {interval:g} s: {run['seconds']:.2f} s; chunks (s): {durations}")
+            print(
+                f"{sink}, interval {interval:g} s: {run['seconds']:.2f} s; chunks (s): {durations}"
+            )
     spark.stop()
-    cases = {f"{interval:g}": _case(interval, runs[interval], records) for interval in INTERVALS}
-    whole = cases["0"]["records_per_second"]
-    for case in cases.values():
+    cases = {_label(*case): _case(case[1], runs[case], records) for case in plan}
+    for (sink, _), case in zip(plan, cases.values(), strict=True):
+        whole = cases[_label(sink, 0.0)]["records_per_second"]
         case["over_interval_0"] = round(case["records_per_second"] / whole, 3)
     return {
         "records": records,
@@ -82,8 +99,17 @@ def measure(scratch: Path, records: int, repeat: int) -> dict[str, Any]:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "intervals": cases,
-        "per_chunk": per_chunk([r for i in INTERVALS if i for r in runs[i]]),
+        "per_chunk": per_chunk([r for i in INTERVALS if i for r in runs["sqlite", i]]),
     }
+
+
+def _label(sink: str, interval: float) -> str:
+    return f"{interval:g}" if sink == "sqlite" else f"{interval:g}, {sink}"
+
+
+def _row_name(label: str) -> str:
+    interval, _, sink = label.partition(", ")
+    return f"{interval} s" + (", PostgreSQL" if sink else "")
 
 
 def per_chunk(runs: list[dict[str, Any]]) -> dict[str, float]:
@@ -127,7 +153,7 @@ def _markdown(results: dict[str, Any]) -> str:
         median = case["chunk_median_s"]
         share = case["chunks_within_half_of_interval"]
         rows.append(
-            f"| {name} s | {case['median_s']:.2f} | {case['records_per_second']:,} | "
+            f"| {_row_name(name)} | {case['median_s']:.2f} | {case['records_per_second']:,} | "
             f"{case['over_interval_0']:.2f} | "
             f"{', '.join(str(n) for n in case['chunks_per_run'])} | "
             f"{'-' if median is None else f'{median:.2f}'} | "
@@ -139,15 +165,17 @@ def _markdown(results: dict[str, Any]) -> str:
 
 `bench/chunks.py`, {results["date"][:10]}: the example's customer_totals backlog over
 {results["records"]:,} reference records (8 buckets), one warm Spark session, each
-interval {results["repeat"]} times, alternating. A chunk's time runs from the start of
-its Spark job to its commit; each run's last chunk, which takes what is left, is not
-counted in the chunk columns. {machine_line(results["machine"])}
+interval {results["repeat"]} times, alternating, into SQLite unless the row says
+PostgreSQL (the local server; *over interval 0* is against the same sink's). A chunk's
+time runs from the start of its Spark job until the next chunk's could start (a chunk
+commits while the next one's job runs); each run's last chunk, which takes what is left,
+is not counted in the chunk columns. {machine_line(results["machine"])}
 
 {HEADER}
 | --- | ---: | ---: | ---: | --- | ---: | ---: |
 {table}
 
-Every chunk of the positive intervals ({fit["chunks"]}) on one line, least squares: a chunk
+Every SQLite chunk of the positive intervals ({fit["chunks"]}) on one line, least squares: a chunk
 costs {fit["fixed_s"]:.2f} s whatever its size, then reads at
 {fit["records_per_s_beyond"]:,} records/s; the sink's commit of a chunk takes
 {fit["commit_median_s"]:.2f} s (median).
