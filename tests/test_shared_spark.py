@@ -92,11 +92,13 @@ def test_on_spark_connect_a_dead_runs_query_commits_nothing_and_stops_and_the_ne
         time.sleep(0.3)
     assert commit_workers(connect), "the commits do not run on the Connect server"
     kill_all(run)  # the client only: the query and its commits are on the server
-    time.sleep(2)  # a commit that passed its check before the kill completes
-    at_kill = reached(config)
+    # A micro-batch that passed its check before the kill may still commit (the sink's
+    # progress fences it), however long it takes; none planned after the kill may.
+    at_kill = topic.latest_offsets()
     append_orders(topic, 5_000)
     time.sleep(LOCK_PATIENCE_S + 5)
-    assert reached(config) == at_kill, "the dead run's query went on committing"
+    after = reached(config)
+    assert all(after[b] <= at_kill[b] for b in after), ("the dead run's query went on", after)
     wait_for(lambda: not commit_workers(connect), timeout=60)  # and it stopped
 
     rerun = start_phase(defs, tmp_path, phase="realtime")
