@@ -179,6 +179,50 @@ def test_a_read_waits_out_brokers_that_are_down(broker: MockBroker) -> None:
     assert got == list(range(end)) and time.monotonic() - began >= 3
 
 
+class NotReadyTwice:
+    """An admin client whose first two offsets requests the brokers answer "leader not
+    available", as the mock cluster did while its brokers came back up."""
+
+    def __init__(self, admin: Any, error: int) -> None:
+        self.admin, self.error, self.refused = admin, error, 0
+
+    def __getattr__(self, name: str) -> Any:  # the topic's metadata: the real client's
+        return getattr(self.admin, name)
+
+    def list_offsets(self, asked: dict[Any, Any], **options: Any) -> dict[Any, Any]:
+        from concurrent.futures import Future
+
+        from confluent_kafka import KafkaError, KafkaException
+
+        if self.refused == 2:
+            return self.admin.list_offsets(asked, **options)
+        self.refused += 1
+        futures = {}
+        for partition in asked:
+            futures[partition] = Future()
+            futures[partition].set_exception(KafkaException(KafkaError(self.error)))
+        return futures
+
+
+def test_offsets_are_asked_again_while_a_broker_is_not_ready(broker: MockBroker) -> None:
+    from confluent_kafka import KafkaError
+
+    topic = new_topic(broker, partitions=2)
+    produce_orders(broker, topic, 100)
+    with KafkaTopic(KafkaSettings(broker.bootstrap, topic)) as kafka:
+        expected, real = kafka.latest_offsets(), kafka._admin
+        not_ready = NotReadyTwice(real, KafkaError.LEADER_NOT_AVAILABLE)
+        kafka._admin = not_ready  # type: ignore[assignment]
+        assert kafka.latest_offsets() == expected
+        assert not_ready.refused == 2
+        # Anything else is no passing state: said at once.
+        kafka._admin = NotReadyTwice(real, KafkaError.TOPIC_AUTHORIZATION_FAILED)  # type: ignore[assignment]
+        began = time.monotonic()
+        with pytest.raises(SourceError, match=r"cannot list offsets.*TOPIC_AUTHORIZATION"):
+            kafka.latest_offsets()
+        assert time.monotonic() - began < 5
+
+
 def test_backlog_then_realtime_on_kafka_equal_the_oracle(
     spark: SparkSession, broker: MockBroker, tmp_path: Path
 ) -> None:

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import pyarrow as pa
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
 from backlog_dagster.source.base import (
     JSON_VALUE_COLUMN,
@@ -57,12 +58,45 @@ JSON_SCHEMA = pa.schema([pa.field(JSON_VALUE_COLUMN, pa.string())])
 #: How long a read waits without any progress (a broker down, a transaction left open
 #: under ``read_committed``) before it fails, naming what it waited for.
 READ_PATIENCE_S = 60.0
-#: How long a metadata or offsets request may take.
+#: How long a metadata or offsets request may take, answers saying a broker is not ready
+#: (a leader moving, brokers restarting) asked again meanwhile.
 REQUEST_TIMEOUT_S = 30.0
+#: Errors of a broker not ready yet: asked again until ``REQUEST_TIMEOUT_S``. Against the
+#: mock cluster taking its brokers down and up, an offsets request was answered at once
+#: ``LEADER_NOT_AVAILABLE``, or ``_NOENT`` (librdkafka found no partition leaders), about
+#: once in 500 rounds of offsets and reads.
+TRANSIENT_ERRORS = frozenset(
+    {
+        "LEADER_NOT_AVAILABLE",
+        "NOT_LEADER_FOR_PARTITION",
+        "BROKER_NOT_AVAILABLE",
+        "REQUEST_TIMED_OUT",
+        "NETWORK_EXCEPTION",
+        "OFFSET_NOT_AVAILABLE",
+        "_TRANSPORT",
+        "_ALL_BROKERS_DOWN",
+        "_NOENT",
+    }
+)
 #: Records handed over per batch.
 BATCH_RECORDS = 20_000
 #: Spark option names (``kafka.<librdkafka setting>`` for the client's own settings).
 OPTION_PREFIX = "kafka."
+
+
+_Answer = TypeVar("_Answer")
+
+
+class _NotAnswered(Exception):
+    """A request the brokers answered with ``error`` (a ``KafkaError``)."""
+
+    def __init__(self, error: Any) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+    @property
+    def transient(self) -> bool:
+        return bool(self.error.retriable()) or self.error.name() in TRANSIENT_ERRORS
 
 
 @dataclass(frozen=True)
@@ -147,14 +181,24 @@ class KafkaTopic:
 
     def partitions(self) -> list[int]:
         """The partition ids, read afresh: partitions added to the topic appear here."""
-        metadata = self._admin.list_topics(self.name, timeout=REQUEST_TIMEOUT_S)
-        topic = metadata.topics.get(self.name)
-        if topic is None or topic.error is not None:
-            reason = "it does not exist" if topic is None else str(topic.error)
-            raise SourceError(
-                f"kafka topic {self.name} at {self.settings.bootstrap_servers}: {reason}"
-            )
-        return sorted(topic.partitions)
+        from confluent_kafka import KafkaException
+
+        def ask() -> list[int]:
+            try:
+                metadata = self._admin.list_topics(self.name, timeout=REQUEST_TIMEOUT_S)
+            except KafkaException as error:
+                raise _NotAnswered(error.args[0]) from error
+            topic = metadata.topics.get(self.name)
+            if topic is not None and topic.error is not None:
+                raise _NotAnswered(topic.error)
+            if topic is None:
+                raise SourceError(
+                    f"kafka topic {self.name} at {self.settings.bootstrap_servers}: "
+                    "it does not exist"
+                )
+            return sorted(topic.partitions)
+
+        return self._until_answered(ask, "cannot read the topic's metadata")
 
     def bounds(self) -> dict[int, KafkaBounds]:
         from confluent_kafka.admin import OffsetSpec
@@ -364,15 +408,33 @@ class KafkaTopic:
             else IsolationLevel.READ_UNCOMMITTED
         )
         asked = {TopicPartition(self.name, p): spec for p, spec in specs.items()}
-        futures = self._admin.list_offsets(
-            asked, isolation_level=level, request_timeout=REQUEST_TIMEOUT_S
+
+        def ask() -> dict[int, int]:
+            futures = self._admin.list_offsets(
+                asked, isolation_level=level, request_timeout=REQUEST_TIMEOUT_S
+            )
+            try:
+                return {tp.partition: future.result().offset for tp, future in futures.items()}
+            except KafkaException as error:
+                raise _NotAnswered(error.args[0]) from error
+
+        return self._until_answered(ask, "cannot list offsets")
+
+    def _until_answered(self, ask: Callable[[], _Answer], failing: str) -> _Answer:
+        """``ask()``, asked again while the brokers say they are not ready, for up to
+        ``REQUEST_TIMEOUT_S``; a ``SourceError`` saying ``failing`` and why if never."""
+        retrying = Retrying(
+            retry=retry_if_exception(lambda e: isinstance(e, _NotAnswered) and e.transient),
+            wait=wait_fixed(0.2),
+            stop=stop_after_delay(REQUEST_TIMEOUT_S),
+            reraise=True,
         )
         try:
-            return {tp.partition: future.result().offset for tp, future in futures.items()}
-        except KafkaException as error:
+            return retrying(ask)
+        except _NotAnswered as error:
             raise SourceError(
-                f"kafka topic {self.name} at {self.settings.bootstrap_servers}: cannot list "
-                f"offsets ({error})"
+                f"kafka topic {self.name} at {self.settings.bootstrap_servers}: {failing} "
+                f"({error.error})"
             ) from error
 
     def _reader(self) -> Consumer:
