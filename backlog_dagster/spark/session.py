@@ -8,6 +8,8 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from backlog_dagster.spark.class_archive import DRIVER_JAVA_OPTIONS, driver_java_option
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -69,10 +71,17 @@ def spark_config(master: str, app_name: str, conf: Mapping[str, str] = {}) -> di
     """Every setting of a session on ``master``: this project's defaults, then ``conf``.
 
     A Spark Connect server (``sc://``) takes session (``spark.sql.*``) settings only; a
-    launch setting for it is refused, naming it, rather than silently not applied.
+    launch setting for it is refused, naming it, rather than silently not applied. A
+    driver this process starts maps its classes from the class-data archive when one
+    fits (``spark.class_archive``), before any Java options ``conf`` gives.
     """
     if not master.startswith("sc://"):
-        return {"spark.master": master, "spark.app.name": app_name, **DEFAULT_CONF, **conf}
+        settings = {"spark.master": master, "spark.app.name": app_name, **DEFAULT_CONF, **conf}
+        archive = driver_java_option(settings)
+        if archive is not None:
+            given = settings.get(DRIVER_JAVA_OPTIONS, "")
+            settings[DRIVER_JAVA_OPTIONS] = f"{archive} {given}".strip()
+        return settings
     fixed = sorted(key for key in conf if not key.startswith("spark.sql."))
     if fixed:
         raise SparkSettingRefused(
