@@ -20,7 +20,11 @@ shipped. Two cases, alternating, ``repeat`` runs each:
   ``dagster dev``: no run starts a JVM of its own. Its process counts in the memory and
   CPU figures;
 - ``shared Spark, 0.5 s micro-batches`` (only with ``--case``): the same with every
-  pipeline's ``realtime.checkpoint_interval`` at 0.5 s.
+  pipeline's ``realtime.checkpoint_interval`` at 0.5 s;
+- ``without the start and checkpoint cuts`` (only with ``--case``): as shipped, but
+  every driver starts without the class-data archive (moved aside for the run) and
+  realtime writes its checkpoints through Spark's default file manager: the baseline
+  of both cuts, in the same run.
 
 ``--case`` runs only the cases named; their figures go to a file and a section of their
 own (``<date>-e2e-<cases>.json``).
@@ -68,6 +72,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -88,6 +93,7 @@ from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG
 from backlog_dagster.log import Topic
 from backlog_dagster.pipeline.load import load_pipeline
 from backlog_dagster.sink import open_sink
+from backlog_dagster.spark.class_archive import archive_path
 from backlog_dagster.spark.servers import SparkServer, connect_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,7 +106,19 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
     "standby_lead_60s": {"switch": {"standby_lead": 60}},
     "shared_spark": {},
     "shared_spark_half_second": {"realtime": {"checkpoint_interval": 0.5}},
+    "without_start_cuts": {
+        "realtime": {
+            "spark_conf": {
+                "spark.sql.streaming.checkpointFileManagerClass": (
+                    "org.apache.spark.sql.execution.streaming.checkpointing."
+                    "FileContextBasedCheckpointFileManager"
+                )
+            }
+        }
+    },
 }
+#: Cases whose drivers start without the class-data archive.
+WITHOUT_CLASS_ARCHIVE = {"without_start_cuts"}
 #: Cases whose runs share one Spark Connect server, started before ``dagster dev``.
 SHARED_SPARK = {"shared_spark", "shared_spark_half_second"}
 #: The cases a run without ``--case`` runs.
@@ -135,13 +153,14 @@ def main() -> None:
         runs: dict[str, list[dict[str, Any]]] = {case: [] for case in cases}
         for rep in range(args.repeat):
             for case in cases:
-                run = one_run(
-                    scratch / f"{case}-{rep}",
-                    args,
-                    CASES[case],
-                    seed=10 + rep,
-                    shared_spark=case in SHARED_SPARK,
-                )
+                with class_archive_aside(case in WITHOUT_CLASS_ARCHIVE):
+                    run = one_run(
+                        scratch / f"{case}-{rep}",
+                        args,
+                        CASES[case],
+                        seed=10 + rep,
+                        shared_spark=case in SHARED_SPARK,
+                    )
                 runs[case].append(run)
                 print(f"{case} run {rep + 1}: {json.dumps(run['pipelines'])}", flush=True)
         in_process = in_one_process(scratch / "in-process", args.records)
@@ -164,6 +183,21 @@ def main() -> None:
     else:
         path = publish("e2e", results, "e2e.py", _markdown(results))
     print(f"wrote {path} and BENCHMARKS.md in {results['bench_seconds']:.0f} s")
+
+
+@contextlib.contextmanager
+def class_archive_aside(aside: bool) -> Iterator[None]:
+    """The class-data archive moved out of the drivers' sight while the block runs."""
+    path = archive_path()
+    hidden = path.with_name(f"{path.name}.aside")
+    if not aside or not path.is_file():
+        yield
+        return
+    path.replace(hidden)
+    try:
+        yield
+    finally:
+        hidden.replace(path)
 
 
 def one_run(
@@ -562,6 +596,7 @@ LABELS = {
     "standby_lead_60s": "standby lead 60 s",
     "shared_spark": "one shared Spark Connect server",
     "shared_spark_half_second": "shared Spark, 0.5 s micro-batches",
+    "without_start_cuts": "without the start and checkpoint cuts",
 }
 
 

@@ -340,6 +340,7 @@ def _latency_at(
     end = topic.latest_offsets()
     wait_until(_caught_up(config, end), 300, "realtime to take the live records")
     time.sleep(0.5)
+    breakdown.collect(spark)
     poller.stop()
     stop.set()
     runner.join(120)
