@@ -1,13 +1,14 @@
 """Realtime latency at the live rate, and where each micro-batch spends its time.
 
-    .venv/bin/python bench/realtime.py [--seconds 30] [--repeat 3]
+    .venv/bin/python bench/realtime.py [--seconds 30] [--repeat 3] [--variant NAME ...]
 
 An example pipeline in one warm local Spark session (``local[*]``): a 100,000-record
 backlog, then records appended at 20,000 records/s for ``seconds``; per record, the
 time from its append to its result being visible in the SQLite sink. Each variant in
 ``VARIANTS`` (customer_totals as before the cuts the breakdown pointed to, each cut, the
-shipped settings at three intervals; the two windowed pipelines at 0.5 s) runs
-``repeat`` times, alternating, each on a fresh log and sink. "Before" keeps the other
+shipped settings at three intervals; the two windowed pipelines at 0.5 s; customer_totals
+with Spark's default checkpoint file manager) runs ``repeat`` times, alternating, each on
+a fresh log and sink; ``--variant`` picks some. "Before" keeps the other
 cut (no observation where the log's index answers), which no setting undoes.
 
 Per variant: the medians over runs of p50, p99 and the largest latency, and per part of
@@ -47,9 +48,20 @@ class Variant:
     #: Whether a small micro-batch is read where its commit runs, not by Spark's scan.
     read_here: bool = True
     pipeline: str = "customer_totals"
+    #: Session settings over the project's while the variant runs.
+    session_conf: dict[str, str] = field(default_factory=dict)
 
+
+#: Spark's own default for checkpoint files, before the project set the FileSystem one.
+FILE_CONTEXT = {
+    "spark.sql.streaming.checkpointFileManagerClass": (
+        "org.apache.spark.sql.execution.streaming.checkpointing."
+        "FileContextBasedCheckpointFileManager"
+    )
+}
 
 VARIANTS: dict[str, Variant] = {
+    "0.5 s, Spark's default checkpoint files (before)": Variant(0.5, session_conf=FILE_CONTEXT),
     "0.5 s, Spark's scan, 4 partitions (before)": Variant(
         0.5, {"shuffle_partitions": 4}, read_here=False
     ),
@@ -78,15 +90,22 @@ def main() -> None:
                 micro_batch.READ_HERE_MAX_RECORDS = (
                     READ_HERE if variant.read_here else {False: -1, True: -1}
                 )
-                row = _latency_at(
-                    spark,
-                    scratch,
-                    preset,
-                    variant.interval,
-                    variant.settings,
-                    name=f"run-{round_}-{index}",
-                    pipeline=variant.pipeline,
-                )
+                before = {key: spark.conf.get(key) for key in variant.session_conf}
+                for key, value in variant.session_conf.items():
+                    spark.conf.set(key, value)
+                try:
+                    row = _latency_at(
+                        spark,
+                        scratch,
+                        preset,
+                        variant.interval,
+                        variant.settings,
+                        name=f"run-{round_}-{index}",
+                        pipeline=variant.pipeline,
+                    )
+                finally:
+                    for key, value in before.items():
+                        spark.conf.set(key, value)
                 runs[name].append(row)
     results = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
