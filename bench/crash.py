@@ -11,8 +11,10 @@ stopped, the pipelines caught up with the log's end and a last audit.
 Writes ``bench/results/<date>-crash.json`` and ``<date>-crash.md`` (the table of trials:
 kill point, recovered, lost, duplicated, recovery time), rewritten after every trial, so
 a run stopped early leaves the table of the trials it finished (its header says how
-many). ``--resume`` goes on from that day's file up to ``--trials`` in new sessions
-(give it another ``--seed``); each trial records the commit it ran on.
+many); with ``--spark-connect``, ``<date>-crash-spark-connect.*``. Each Spark mode has
+a section of ``BENCHMARKS.md`` of its own. ``--resume`` goes on from that day's file
+up to ``--trials`` in new sessions (give it another ``--seed``); each trial records the
+commit it ran on.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(args.seed)
     started = time.monotonic()
-    stem = RESULTS / f"{datetime.now(UTC):%Y-%m-%d}-crash"
+    mode = " --spark-connect" if args.spark_connect else ""
+    stem = RESULTS / f"{datetime.now(UTC):%Y-%m-%d}-crash{mode.replace(' --', '-')}"
     earlier: dict[str, Any] = {"trials": [], "sessions": [], "bench_seconds": 0.0}
     if args.resume:
         earlier = json.loads(stem.with_suffix(".json").read_text())
@@ -98,8 +101,8 @@ def main() -> None:
         print(f"session {session['session']}: {session}", flush=True)
     replace_section(
         ROOT / "BENCHMARKS.md",
-        "<!-- bench/crash.py: begin (generated; edit bench/crash.py instead) -->",
-        "<!-- bench/crash.py: end -->",
+        f"<!-- bench/crash.py{mode}: begin (generated; edit bench/crash.py instead) -->",
+        f"<!-- bench/crash.py{mode}: end -->",
         benchmarks_section(json.loads(stem.with_suffix(".json").read_text()), stem.name),
     )
     print(f"wrote {stem}.json, {stem}.md and BENCHMARKS.md in {time.monotonic() - started:.0f} s")
