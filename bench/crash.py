@@ -63,8 +63,11 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(args.seed)
     started = time.monotonic()
-    mode = " --spark-connect" if args.spark_connect else ""
-    stem = RESULTS / f"{datetime.now(UTC):%Y-%m-%d}-crash{mode.replace(' --', '-')}"
+    # Each Spark mode has result files and a BENCHMARKS.md section of its own.
+    stem = RESULTS / f"{datetime.now(UTC):%Y-%m-%d}-crash"
+    section = "bench/crash.py"
+    if args.spark_connect:
+        stem, section = stem.with_name(stem.name + "-spark-connect"), section + " --spark-connect"
     earlier: dict[str, Any] = {"trials": [], "sessions": [], "bench_seconds": 0.0}
     if args.resume:
         earlier = json.loads(stem.with_suffix(".json").read_text())
@@ -101,8 +104,8 @@ def main() -> None:
         print(f"session {session['session']}: {session}", flush=True)
     replace_section(
         ROOT / "BENCHMARKS.md",
-        f"<!-- bench/crash.py{mode}: begin (generated; edit bench/crash.py instead) -->",
-        f"<!-- bench/crash.py{mode}: end -->",
+        f"<!-- {section}: begin (generated; edit bench/crash.py instead) -->",
+        f"<!-- {section}: end -->",
         benchmarks_section(json.loads(stem.with_suffix(".json").read_text()), stem.name),
     )
     print(f"wrote {stem}.json, {stem}.md and BENCHMARKS.md in {time.monotonic() - started:.0f} s")
