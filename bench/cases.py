@@ -12,7 +12,7 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,13 +35,14 @@ PLAIN_SHUFFLE_PARTITIONS = 4
 
 
 @contextmanager
-def warm_session(name: str) -> Iterator[tuple[SparkSession, Path]]:
-    """A ``local[*]`` session that logs only errors, and a scratch folder; both gone after."""
+def warm_session(name: str, conf: Mapping[str, str] = {}) -> Iterator[tuple[SparkSession, Path]]:
+    """A ``local[*]`` session (with ``conf`` over the project's settings) that logs only
+    errors, and a scratch folder; both gone after."""
     from backlog_dagster.spark.session import get_session
 
     scratch = Path(tempfile.mkdtemp(prefix=f"{name}-"))
     try:
-        spark = get_session("local[*]", app_name=name)
+        spark = get_session("local[*]", app_name=name, conf=conf)
         spark.sparkContext.setLogLevel("ERROR")
         try:
             yield spark, scratch

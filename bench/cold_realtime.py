@@ -31,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from cases import warm_session
 from report import machine_line, publish
 from run import PRESETS, _latency_at, machine
 
@@ -86,15 +87,9 @@ def main() -> None:
 
 def one_run(java_options: str, seconds: float) -> dict[str, Any]:
     """One cold run in this process; the driver JVM's CPU sampled every second."""
-    import shutil
-    import tempfile
-
     import psutil
 
-    from backlog_dagster.spark.session import get_session
-
     conf = {"spark.driver.extraJavaOptions": java_options} if java_options else {}
-    scratch = Path(tempfile.mkdtemp(prefix="bench-cold-realtime-"))
     samples: list[tuple[float, float]] = []
     stop = threading.Event()
 
@@ -107,26 +102,20 @@ def one_run(java_options: str, seconds: float) -> dict[str, Any]:
             with contextlib.suppress(psutil.Error):
                 samples.append((time.monotonic(), driver_cpu()))
 
-    try:
-        spark = get_session("local[*]", app_name="bench-cold-realtime", conf=conf)
-        spark.sparkContext.setLogLevel("ERROR")
+    with warm_session("bench-cold-realtime", conf) as (spark, scratch):
         threading.Thread(target=sample, daemon=True).start()
         preset = replace(PRESETS["default"], latency_seconds=seconds)
         row = _latency_at(spark, scratch, preset, INTERVAL_S)
         ended = time.monotonic()
         stop.set()
-        # Records were appended during the last ``seconds`` before the row came back.
-        live = [cpu for at, cpu in samples if at >= ended - seconds]
-        row_out = {
-            "p50_s": row["p50_s"],
-            "p99_s": row["p99_s"],
-            "driver_cpu_live_s": round(live[-1] - live[0], 2),
-            "driver_cpu_s": round(samples[-1][1], 2),
-        }
-        spark.stop()
-        return row_out
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    # Records were appended during the last ``seconds`` before the row came back.
+    live = [cpu for at, cpu in samples if at >= ended - seconds]
+    return {
+        "p50_s": row["p50_s"],
+        "p99_s": row["p99_s"],
+        "driver_cpu_live_s": round(live[-1] - live[0], 2),
+        "driver_cpu_s": round(samples[-1][1], 2),
+    }
 
 
 def _medians(rows: list[dict[str, Any]]) -> dict[str, float]:
