@@ -16,6 +16,7 @@ from backlog_dagster.components.pipeline import realtime_asset
 from backlog_dagster.log import Topic
 from backlog_dagster.phases import micro_batch
 from backlog_dagster.phases.backlog import run_backlog
+from backlog_dagster.phases.lock import exclusive_run
 from backlog_dagster.phases.markers import continue_backlog, current_generation
 from backlog_dagster.phases.realtime import BacklogNotFinished, read_limit, run_realtime
 from backlog_dagster.phases.standby import await_switch
@@ -86,6 +87,26 @@ def test_the_read_limit_follows_the_interval_unless_set(tmp_path: Path) -> None:
     assert read_limit(fixed, 2) == 1_000
     unlimited = pipeline(tmp_path, CUSTOMER_TOTALS, realtime={"max_records_per_trigger": None})
     assert read_limit(unlimited, 2) is None
+
+
+def test_a_micro_batch_lands_only_in_the_generation_its_query_started_in(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """Once the switch went back (a newer generation took over from the progress), a
+    later batch of the old query commits nothing, even where its range starts at that
+    progress: it touches neither the batch nor the sink."""
+    make_topic(records=100, buckets=1)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    with open_sink(config) as sink:
+        first = sink.start_generation({0: (0, 100)}, "first start", "d").number
+        newer = sink.start_generation({0: (0, 200)}, "went back", "d")
+        with exclusive_run(sink, config, "realtime", holder="realtime run test"):
+            commit = micro_batch.MicroBatchCommit(
+                config, holder="realtime run test", generation=first
+            )
+            commit(None, 0)  # type: ignore[arg-type]
+        held = sink.current_generation()
+    assert held == newer
 
 
 def test_realtime_refuses_to_start_before_the_backlog_is_done(

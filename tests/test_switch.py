@@ -445,6 +445,16 @@ def cancelled_realtime_run_stays_cancelled(
     assert len(runs_of(instance, "customer_totals_realtime_job")) == runs
 
 
+def step_failures(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    """Each step failure of the run, with its error and stack: what a failed assertion on
+    the run's status shows."""
+    said = []
+    for failure in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
+        error = failure.dagster_event.step_failure_data.error  # type: ignore[union-attr]
+        said.append(error.to_string() if error is not None else str(failure.user_message))
+    return said
+
+
 def _by_sensor(run: dg.DagsterRun) -> bool:
     return "dagster/sensor_name" in run.tags
 
@@ -556,7 +566,8 @@ def stall_region_minutes_and_see_it_come_back(
     )
     assert back[2] > LAG_THRESHOLD_S and f"above the threshold {LAG_THRESHOLD_S} s" in back[3]
     # The stalled run ended by itself once it could see its generation was replaced.
-    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.SUCCESS  # type: ignore[union-attr]
+    ended_as = instance.get_run_by_id(run.run_id).status  # type: ignore[union-attr]
+    assert ended_as == dg.DagsterRunStatus.SUCCESS, step_failures(instance, run.run_id)
     # The realtime asset's overview shows its newest materialization's metadata: the
     # stalled run's last one says the pipeline went back, the next run's say realtime.
     ended = materializations(instance, "region_minutes_realtime", run.run_id)[0]

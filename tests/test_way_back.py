@@ -89,6 +89,13 @@ def test_round_trips_between_realtime_and_backlog_lose_and_double_nothing(
             generation = continue_backlog(sink, log, config, f"trip {trip}", 99.0, print)
         runner.join(60)  # the realtime run stops by itself: its generation was replaced
         assert not runner.is_alive() and runner.error is None
+        with open_sink(config) as sink:
+            # Its query's later batches committed nothing into the new generation.
+            held = sink.current_generation()
+            assert held is not None and held.number == generation.number
+            assert {b: s.reached for b, s in held.buckets.items()} == {
+                b: s.reached for b, s in generation.buckets.items()
+            }
         append_orders(topic, 3_000)  # after the new markers: for the next realtime run
         with open_sink(config) as sink:
             report = run_backlog(spark, config, sink, log=print)

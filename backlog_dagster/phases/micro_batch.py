@@ -127,12 +127,20 @@ class MicroBatchCommit:
     starting: Mapping[int, int] = field(default_factory=dict)
     #: The query's read limit (records per micro-batch; None: none).
     read_limit: int | None = None
+    #: The generation the query was started in (set where it starts): it commits into
+    #: no other.
+    generation: int | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         sink = _sink_for(self.config)
         _await_own_lock(sink, self.holder, self.config.name)
         held = sink.current_generation()
         assert held is not None
+        if held.number != self.generation:
+            # A newer generation (the switch went back, or a reset) took over from its
+            # progress: a batch of this query is not to land in it. The run sees the new
+            # generation itself and stops its query.
+            return
         started = time.monotonic()
         start, end = batch_range(Path(self.checkpoint), batch_id, self.starting)
         with open_source(self.config) as topic:

@@ -13,8 +13,9 @@ Spark runs ``foreachBatch`` (here, or on a Spark Connect server), so this run le
 what was committed from the sink, and a query whose run died commits nothing more.
 
 The run ends by itself when a newer generation replaces the one it started in (the
-switch went back into backlog, or a reset): a batch it could still try to commit is
-refused by the sink, and the query stops.
+switch went back into backlog, or a reset): a batch it could still try to commit lands
+nowhere (its commit sees the newer generation, or the sink refuses it), and the query
+stops.
 
 Event-time windows: a record whose window ended at or before the watermark
 (``phases.watermark``: per bucket the latest event time less the allowed lateness, the
@@ -204,7 +205,13 @@ def _run_realtime(
         start = {str(b): s.reached for b, s in sorted(generation.buckets.items())}
         log(f"realtime: starting at offsets {start}, micro-batches every {interval:g} s")
         query = _start_query(
-            new_stream_reader(spark), config, schema, start, commit, interval, checkpoint_dir
+            new_stream_reader(spark),
+            config,
+            schema,
+            start,
+            replace(commit, generation=generation.number),
+            interval,
+            checkpoint_dir,
         )
         try:
             next_report = time.monotonic()
@@ -216,12 +223,7 @@ def _run_realtime(
                         f"pipeline {config.name}: this realtime run lost the run lock to "
                         f"{sink.lock_holder() or 'another run'}; stopping"
                     )
-                current = status_sink.current_generation()
-                if current is not None and current.number != generation.number:
-                    log(
-                        f"realtime: generation {generation.number} was replaced "
-                        f"({current.reason}); stopping"
-                    )
+                if _replaced(generation, status_sink, log):
                     break
                 if time.monotonic() >= next_report:
                     _refresh(status, counts, query.lastProgress, config, status_sink, log)
@@ -230,7 +232,9 @@ def _run_realtime(
             error = query.exception()
         finally:
             query.stop()
-        if error is None:
+        # A query that failed once its generation was replaced ends the run as the
+        # replacement does: what failed is the new generation's runs' to do.
+        if error is None or _replaced(generation, status_sink, log):
             break
         refused = refusal_in(str(error))
         if refused is not None:
@@ -259,6 +263,16 @@ def _run_realtime(
         status.batches_before_restart = status.batches
     _refresh(status, counts, query.lastProgress, config, status_sink, log)
     return status
+
+
+def _replaced(generation: Generation, status_sink: Sink, log: Callable[[str], None]) -> bool:
+    """Whether a newer generation replaced ``generation`` (the switch went back, or a
+    reset); says so when it did."""
+    current = status_sink.current_generation()
+    if current is None or current.number == generation.number:
+        return False
+    log(f"realtime: generation {generation.number} was replaced ({current.reason}); stopping")
+    return True
 
 
 def _start_query(
