@@ -12,6 +12,10 @@ shipped. Two cases, alternating, ``repeat`` runs each:
 - ``switch at the first markers``: the same with ``residual_records: 0``, as before it;
 - ``half-second micro-batches`` (only with ``--case``): as shipped with every
   pipeline's ``realtime.checkpoint_interval`` at 0.5 s, for realtime's latency;
+- ``half-second micro-batches, C1-only realtime drivers`` (only with ``--case``): the
+  same, with every realtime (and standby) run's driver JVM compiling with C1 alone
+  (``-XX:TieredStopAtLevel=1``, as ``realtime.spark_conf`` sets it): less JIT work in
+  each fresh driver, against less optimized code once warm;
 - ``standby lead 60 s`` (only with ``--case``): as shipped with
   ``switch.standby_lead: 60``: each standby starts once its backlog run is reading and
   its ETA, when known, is within a minute, rather than with the backlog run;
@@ -103,6 +107,12 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
     "as_shipped": {},
     "switch_at_first_markers": {"backlog": {"residual_records": 0}},
     "half_second_micro_batches": {"realtime": {"checkpoint_interval": 0.5}},
+    "half_second_c1_realtime": {
+        "realtime": {
+            "checkpoint_interval": 0.5,
+            "spark_conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"},
+        }
+    },
     "standby_lead_60s": {"switch": {"standby_lead": 60}},
     "shared_spark": {},
     "shared_spark_half_second": {"realtime": {"checkpoint_interval": 0.5}},
@@ -593,6 +603,7 @@ LABELS = {
     "as_shipped": "as shipped",
     "switch_at_first_markers": "switch at the first markers",
     "half_second_micro_batches": "0.5 s micro-batches",
+    "half_second_c1_realtime": "0.5 s, C1-only realtime drivers",
     "standby_lead_60s": "standby lead 60 s",
     "shared_spark": "one shared Spark Connect server",
     "shared_spark_half_second": "shared Spark, 0.5 s micro-batches",
