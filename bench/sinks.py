@@ -5,8 +5,11 @@
 
 1. The commit of one chunk of ``--keys`` partial results (``customer_totals``' columns:
    sum, count and max per customer) with its progress: into an empty results table
-   (every key new) and into one that holds every key already (every key merged).
-   Medians of ``--repeat`` commits each, the sinks interleaved.
+   (every key new), into one that holds every key already (every key merged), and the
+   same four times more (every key merged again, as each chunk of a backlog over few
+   keys does). Medians of ``--repeat`` commits each, the sinks interleaved; PostgreSQL
+   also with its results table's pages filled full (fillfactor 100, the server's
+   default, as before ``RESULTS_FILLFACTOR``), the baseline in the same run.
 2. The ``customer_totals`` backlog phase over ``--records`` records of the reference
    workload (8 buckets), checkpoint interval 0, into each sink: medians of three runs,
    interleaved, in one Spark session warmed up first.
@@ -20,12 +23,14 @@ The PostgreSQL sink writes to a new database on the server ``--postgres`` names
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,6 +46,7 @@ from backlog_dagster.log.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produc
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.load import load_pipeline
 from backlog_dagster.sink import open_sink
+from backlog_dagster.sink import postgres as postgres_sink
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the test suite's PostgreSQL helpers live in tests/
@@ -52,6 +58,11 @@ EXAMPLE = ROOT / "definitions" / "defs" / "customer_totals" / "defs.yaml"
 BEGIN = "<!-- bench/sinks.py: begin (generated; edit bench/sinks.py instead) -->"
 END = "<!-- bench/sinks.py: end -->"
 KINDS = ("sqlite", "postgres")
+LABELS = {
+    "sqlite": "sqlite",
+    "postgres": f"postgres (fillfactor {postgres_sink.RESULTS_FILLFACTOR})",
+    "postgres_fillfactor_100": "postgres, pages filled full (fillfactor 100: before)",
+}
 
 
 def main() -> None:
@@ -65,7 +76,10 @@ def main() -> None:
     started = time.perf_counter()
     try:
         with fresh_database(args.postgres) as dsn:
-            configs = {kind: _on(kind, scratch, dsn, "commits") for kind in KINDS}
+            configs = {
+                kind: _on(kind.split("_")[0], scratch, dsn, f"commits_{kind}")
+                for kind in COMMIT_KINDS
+            }
             figures: dict[str, Any] = {
                 "date": datetime.now(UTC).isoformat(timespec="seconds"),
                 "machine": machine(),
@@ -97,14 +111,25 @@ def _on(kind: str, scratch: Path, dsn: str, name: str) -> PipelineConfig:
 # -- 1. one chunk's commit ---------------------------------------------------------------
 
 
+#: The commits' sinks: each kind, and PostgreSQL with full pages as the baseline.
+FULL_PAGES = "postgres_fillfactor_100"
+COMMIT_KINDS = (*KINDS, FULL_PAGES)
+#: Each sink's commits in a row: the first makes every key, the rest merge into all.
+COMMITS = ("new", "merged", *("merged again",) * 4)
+
+
 def commits(configs: dict[str, PipelineConfig], keys: int, repeat: int) -> dict[str, Any]:
     chunk = _partials(keys)
-    seconds: dict[str, dict[str, list[float]]] = {k: {"new": [], "merged": []} for k in configs}
+    seconds: dict[str, dict[str, list[float]]] = {
+        k: {what: [] for what in COMMITS} for k in configs
+    }
     for _ in range(repeat):
         for kind, config in configs.items():
-            with open_sink(config) as sink:
-                generation = sink.start_generation({0: (0, 10 * keys)}, "bench", "bench").number
-                for what, start in (("new", 0), ("merged", keys)):
+            with fillfactor(100 if kind == FULL_PAGES else None), open_sink(config) as sink:
+                markers = {0: (0, len(COMMITS) * keys)}
+                generation = sink.start_generation(markers, "bench", "bench").number
+                for index, what in enumerate(COMMITS):
+                    start = index * keys
                     began = time.perf_counter()
                     sink.commit(generation, {0: start}, {0: start + keys}, chunk)
                     seconds[kind][what].append(time.perf_counter() - began)
@@ -114,9 +139,25 @@ def commits(configs: dict[str, PipelineConfig], keys: int, repeat: int) -> dict[
         result[kind]["all"] = times
         print(
             f"commit of {keys:,} keys into {kind}: {result[kind]['new']:.3f} s new, "
-            f"{result[kind]['merged']:.3f} s merged"
+            f"{result[kind]['merged']:.3f} s merged, "
+            f"{result[kind]['merged again']:.3f} s merged again"
         )
     return result
+
+
+@contextlib.contextmanager
+def fillfactor(percent: int | None) -> Iterator[None]:
+    """PostgreSQL results tables made in the block with pages filled to ``percent``
+    (None: as the sink makes them)."""
+    if percent is None:
+        yield
+        return
+    shipped = postgres_sink.RESULTS_FILLFACTOR
+    postgres_sink.RESULTS_FILLFACTOR = percent
+    try:
+        yield
+    finally:
+        postgres_sink.RESULTS_FILLFACTOR = shipped
 
 
 def _partials(keys: int) -> pa.Table:
@@ -181,11 +222,15 @@ def _markdown(figures: dict[str, Any], path: Path) -> str:
         f"### One chunk's commit: {commit['keys']:,} keys of `customer_totals` partials "
         f"(median of {commit['repeat']})",
         "",
-        "| sink | every key new | every key merged |",
-        "| --- | ---: | ---: |",
+        "| sink | every key new | every key merged | every key merged again |",
+        "| --- | ---: | ---: | ---: |",
     ]
-    for kind in KINDS:
-        lines.append(f"| {kind} | {commit[kind]['new']:.3f} s | {commit[kind]['merged']:.3f} s |")
+    for kind in COMMIT_KINDS:
+        figures_of = commit[kind]
+        lines.append(
+            f"| {LABELS[kind]} | {figures_of['new']:.3f} s | {figures_of['merged']:.3f} s "
+            f"| {figures_of['merged again']:.3f} s |"
+        )
     lines += [
         "",
         f"### The `customer_totals` backlog of {backlog['records']:,} records "

@@ -18,6 +18,7 @@ import pytest
 
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import GenerationEnded, ProgressConflict, open_sink
+from backlog_dagster.sink.postgres import RESULTS_FILLFACTOR
 from tests.pipelines import CUSTOMER_TOTALS, REGION_MINUTES, pipeline
 from tests.postgres import holding, wait_for_blocked_merge
 
@@ -278,7 +279,8 @@ def test_postgres_results_have_proper_types_and_a_reader_sees_them_agree_with_pr
     tmp_path: Path, postgres_dsn: str
 ) -> None:
     """While commits go on, every read of results and progress in one snapshot agrees:
-    the orders counted equal the offsets consumed."""
+    the orders counted equal the offsets consumed. The results table leaves room on its
+    pages for the merges' new row versions."""
     config = on_sink(
         pipeline(tmp_path, REGION_MINUTES, name="region_minutes"), "postgres", dsn=postgres_dsn
     )
@@ -335,6 +337,10 @@ def test_postgres_results_have_proper_types_and_a_reader_sees_them_agree_with_pr
                 "WHERE table_schema = 'results' AND table_name = 'region_minutes_view'"
             ).fetchall()
         )
+        options = db.execute(
+            "SELECT reloptions FROM pg_class WHERE oid = 'results.region_minutes'::regclass"
+        ).fetchone()
+    assert options == ([f"fillfactor={RESULTS_FILLFACTOR}"],)
     assert types == {
         "region": "text",
         "window_start": "timestamp with time zone",

@@ -2,7 +2,8 @@
 
 A commit is one transaction: the chunk's partial results are bulk loaded (``COPY`` into
 a temporary table) and merged into the results in one ``INSERT … ON CONFLICT`` statement,
-beside the progress and offsets they cover. Every writing transaction first takes the
+beside the progress and offsets they cover (the results table leaves room on its pages
+for the merges' new row versions: ``RESULTS_FILLFACTOR``). Every writing transaction first takes the
 pipeline's transaction-level advisory lock, so writers of one pipeline (a run, the
 sensor, a superseded run) follow one another, and the generation fence is checked under
 it: a run whose generation was replaced commits nothing. A reader sees results and
@@ -56,6 +57,14 @@ from backlog_dagster.sink.base import (
 )
 
 T = TypeVar("T")
+
+#: How full PostgreSQL fills the results table's pages (percent). A merge rewrites every
+#: key its chunk touches; with room on the row's own page the new version goes there and
+#: the primary key index is left alone (a "HOT" update). Full pages (the default, 100)
+#: send each new version elsewhere and update the index too: a commit merging into
+#: 100,000 keys merged before took 0.78 s at 100 and 0.37 s at 50, for up to twice the
+#: pages (``bench/sinks.py``, medians).
+RESULTS_FILLFACTOR = 50
 
 #: How long a call keeps opening a lost connection again before it gives up (a server
 #: restart), and how long opening the sink waits for the server (a mistyped connection
@@ -315,8 +324,11 @@ class PostgresSink(ResultTables):
         ]
         keys = sql.SQL(", ").join(sql.Identifier(k) for k in layout.keys)
         cursor.execute(
-            sql.SQL("CREATE TABLE {} ({}, PRIMARY KEY ({}))").format(
-                self._name(self.table), sql.SQL(", ").join(columns), keys
+            sql.SQL("CREATE TABLE {} ({}, PRIMARY KEY ({})) WITH (fillfactor = {})").format(
+                self._name(self.table),
+                sql.SQL(", ").join(columns),
+                keys,
+                sql.Literal(RESULTS_FILLFACTOR),
             )
         )
         cursor.execute(
