@@ -437,22 +437,19 @@ def cancelled_realtime_run_stays_cancelled(
     # It reads as cancelled: one line saying so, no interrupt's stack trace from Spark.
     said = [e.user_message for e in instance.all_logs(run_id)]
     assert any("cancelled: the realtime run stopped" in m for m in said), said
-    for failure in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
-        error = failure.dagster_event.step_failure_data.error  # type: ignore[union-attr]
+    for error in step_errors(instance, run_id):
         assert error is not None and "KeyboardInterrupt" not in error.to_string()
         assert error.message.strip().endswith("the next run goes on from there")
     time.sleep(15)  # three sensor ticks: a cancelled realtime run stays cancelled
     assert len(runs_of(instance, "customer_totals_realtime_job")) == runs
 
 
-def step_failures(instance: dg.DagsterInstance, run_id: str) -> list[str]:
-    """Each step failure of the run, with its error and stack: what a failed assertion on
-    the run's status shows."""
-    said = []
-    for failure in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
-        error = failure.dagster_event.step_failure_data.error  # type: ignore[union-attr]
-        said.append(error.to_string() if error is not None else str(failure.user_message))
-    return said
+def step_errors(instance: dg.DagsterInstance, run_id: str) -> list[Any]:
+    """The error of each step failure of the run (with its stack), or None where it has none."""
+    return [
+        failure.dagster_event.step_failure_data.error  # type: ignore[union-attr]
+        for failure in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
+    ]
 
 
 def _by_sensor(run: dg.DagsterRun) -> bool:
@@ -567,7 +564,9 @@ def stall_region_minutes_and_see_it_come_back(
     assert back[2] > LAG_THRESHOLD_S and f"above the threshold {LAG_THRESHOLD_S} s" in back[3]
     # The stalled run ended by itself once it could see its generation was replaced.
     ended_as = instance.get_run_by_id(run.run_id).status  # type: ignore[union-attr]
-    assert ended_as == dg.DagsterRunStatus.SUCCESS, step_failures(instance, run.run_id)
+    assert ended_as == dg.DagsterRunStatus.SUCCESS, [
+        error.to_string() for error in step_errors(instance, run.run_id) if error is not None
+    ]
     # The realtime asset's overview shows its newest materialization's metadata: the
     # stalled run's last one says the pipeline went back, the next run's say realtime.
     ended = materializations(instance, "region_minutes_realtime", run.run_id)[0]

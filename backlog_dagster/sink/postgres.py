@@ -3,10 +3,10 @@
 A commit is one transaction: the chunk's partial results are bulk loaded (``COPY`` into
 a temporary table) and merged into the results in one ``INSERT … ON CONFLICT`` statement,
 beside the progress and offsets they cover (the results table leaves room on its pages
-for the merges' new row versions: ``RESULTS_FILLFACTOR``). Every writing transaction first takes the
-pipeline's transaction-level advisory lock, so writers of one pipeline (a run, the
-sensor, a superseded run) follow one another, and the generation fence is checked under
-it: a run whose generation was replaced commits nothing. A reader sees results and
+for the merges' new row versions: ``RESULTS_FILLFACTOR``). Every writing transaction
+first takes the pipeline's transaction-level advisory lock, so writers of one pipeline
+(a run, the sensor, a superseded run) follow one another, and the generation fence is
+checked under it: a run whose generation was replaced commits nothing. A reader sees results and
 progress that agree at every moment (MVCC: both change in the same transaction).
 
 The run lock is a session-level advisory lock held on a connection of its own: runs on
