@@ -266,13 +266,15 @@ class MicroBatchBreakdown(logging.Handler):
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
-        self.progress: dict[int, dict[str, float]] = {}
-        self.ours: dict[int, MicroBatchTimings] = {}
+        #: By (pipeline, batch id): several queries may run side by side.
+        self.progress: dict[tuple[str, int], dict[str, float]] = {}
+        self.ours: dict[tuple[str, int], MicroBatchTimings] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
         timings = getattr(record, "micro_batch", None)
         if timings is not None:
-            self.ours[timings.batch_id] = timings
+            pipeline = record.args[0] if isinstance(record.args, tuple) else ""
+            self.ours[(str(pipeline), timings.batch_id)] = timings
 
     def listen(self, spark: SparkSession) -> None:
         spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", str(self.KEPT))
@@ -282,9 +284,11 @@ class MicroBatchBreakdown(logging.Handler):
     def collect(self, spark: SparkSession) -> None:
         """Spark's durations of each micro-batch that ran, from the active queries."""
         for query in spark.streams.active:
+            pipeline = (query.name or "").removesuffix("_realtime")
             for progress in query.recentProgress:
                 if "addBatch" in progress.durationMs:
-                    self.progress.setdefault(progress.batchId, dict(progress.durationMs))
+                    key = (pipeline, progress.batchId)
+                    self.progress.setdefault(key, dict(progress.durationMs))
 
     def stop(self, spark: SparkSession) -> None:
         timings_log.removeHandler(self)

@@ -7,11 +7,15 @@ backlog, then records appended at 20,000 records/s for ``seconds``; per record, 
 time from its append to its result being visible in the SQLite sink. Each variant in
 ``VARIANTS`` (customer_totals as before the cuts the breakdown pointed to, each cut, the
 shipped settings at three intervals; the two windowed pipelines at 0.5 s; customer_totals
-with Spark's default checkpoint file manager) runs ``repeat`` times, alternating, each on
-a fresh log and sink; ``--variant`` picks some. "Before" keeps the other
-cut (no observation where the log's index answers), which no setting undoes.
+with Spark's default checkpoint file manager; all three example pipelines' queries side by
+side in the one session, as under ``dagster dev`` they share the machine) runs ``repeat``
+times, alternating, each on a fresh log and sink; ``--variant`` picks some. "Before"
+keeps the other cut (no observation where the log's index answers), which no setting
+undoes.
 
-Per variant: the medians over runs of p50, p99 and the largest latency, and per part of
+Per variant: the medians over runs of p50, p99 and the largest latency (over every
+pipeline's records; for several, also each one's p99), the CPU the process tree took
+while records were appended (cores), and per part of
 a micro-batch (Spark's own: finding the latest offsets, planning, its offset and commit
 logs; ours: the commit's preparation, its Spark job, the sink's transaction) the median
 over runs of the per-run medians. Writes ``bench/results/<date>-realtime.json`` and its
@@ -37,6 +41,7 @@ from run import PRESETS, _latency_at, machine
 from backlog_dagster.phases import micro_batch
 
 READ_HERE = micro_batch.READ_HERE_MAX_RECORDS
+ONE_TASK = micro_batch.ONE_TASK_MAX_RECORDS
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,10 @@ class Variant:
     settings: dict[str, Any] = field(default_factory=dict)
     #: Whether a small micro-batch is read where its commit runs, not by Spark's scan.
     read_here: bool = True
-    pipeline: str = "customer_totals"
+    #: Whether a small micro-batch read here is aggregated in one task, without a shuffle.
+    one_task: bool = True
+    #: The example pipelines whose queries run side by side.
+    pipelines: tuple[str, ...] = ("customer_totals",)
     #: Session settings over the project's while the variant runs.
     session_conf: dict[str, str] = field(default_factory=dict)
 
@@ -60,6 +68,8 @@ FILE_CONTEXT = {
     )
 }
 
+ALL_THREE = ("customer_totals", "region_minutes", "region_daily")
+
 VARIANTS: dict[str, Variant] = {
     "0.5 s, Spark's default checkpoint files (before)": Variant(0.5, session_conf=FILE_CONTEXT),
     "0.5 s, Spark's scan, 4 partitions (before)": Variant(
@@ -69,8 +79,14 @@ VARIANTS: dict[str, Variant] = {
     "0.5 s (as shipped: read here, 1 partition)": Variant(0.5),
     "0.25 s (as shipped)": Variant(0.25),
     "2 s (as shipped; the example's interval)": Variant(2.0),
-    "region_minutes, 0.5 s": Variant(0.5, pipeline="region_minutes"),
-    "region_daily, 0.5 s": Variant(0.5, pipeline="region_daily"),
+    "region_minutes, 0.5 s": Variant(0.5, pipelines=("region_minutes",)),
+    "region_daily, 0.5 s": Variant(0.5, pipelines=("region_daily",)),
+    "0.5 s, two tasks and a shuffle (before)": Variant(0.5, one_task=False),
+    "all three at once, 0.5 s, two tasks and a shuffle (before)": Variant(
+        0.5, one_task=False, pipelines=ALL_THREE
+    ),
+    "all three at once, 0.5 s": Variant(0.5, pipelines=ALL_THREE),
+    "all three at once, 0.25 s": Variant(0.25, pipelines=ALL_THREE),
 }
 
 
@@ -84,12 +100,19 @@ def main() -> None:
     names = args.variant or list(VARIANTS)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     with warm_session("bench-realtime") as (spark, scratch):
+        # Unrecorded: every pipeline's code paths once, so that the first variant does
+        # not pay the JIT's first work alone.
+        used = tuple(dict.fromkeys(p for n in names for p in VARIANTS[n].pipelines))
+        _latency_at(
+            spark, scratch, replace(preset, latency_seconds=10), 0.5, name="warm-up", pipelines=used
+        )
         for round_ in range(args.repeat):
             for index, name in enumerate(names):
                 variant = VARIANTS[name]
                 micro_batch.READ_HERE_MAX_RECORDS = (
                     READ_HERE if variant.read_here else {False: -1, True: -1}
                 )
+                micro_batch.ONE_TASK_MAX_RECORDS = ONE_TASK if variant.one_task else -1
                 before = {key: spark.conf.get(key) for key in variant.session_conf}
                 for key, value in variant.session_conf.items():
                     spark.conf.set(key, value)
@@ -101,7 +124,7 @@ def main() -> None:
                         variant.interval,
                         variant.settings,
                         name=f"run-{round_}-{index}",
-                        pipeline=variant.pipeline,
+                        pipelines=variant.pipelines,
                     )
                 finally:
                     for key, value in before.items():
@@ -131,6 +154,11 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "p99_s": statistics.median(r["p99_s"] for r in rows),
         "p99_s_runs": [round(r["p99_s"], 3) for r in rows],
         "max_s": statistics.median(r["max_s"] for r in rows),
+        "p99_s_by_pipeline": {
+            pipeline: statistics.median(r["p99_s_by_pipeline"][pipeline] for r in rows)
+            for pipeline in rows[0]["p99_s_by_pipeline"]
+        },
+        "cpu_cores": statistics.median(r["cpu_cores_while_appending"] for r in rows),
         "live_rate_reached": statistics.median(r["live_rate_reached"] for r in rows),
         "parts_median_s": {part: statistics.median(v) for part, v in parts.items()},
     }
@@ -159,6 +187,21 @@ def markdown(results: dict[str, Any]) -> str:
     lines.append(
         "| p99 per run | "
         + " | ".join(", ".join(f"{v:.2f}" for v in variants[n]["p99_s_runs"]) for n in names)
+        + " |"
+    )
+    lines.append(
+        "| p99 by pipeline, when several | "
+        + " | ".join(
+            ", ".join(f"{p} {v:.2f}" for p, v in variants[n]["p99_s_by_pipeline"].items())
+            if len(variants[n]["p99_s_by_pipeline"]) > 1
+            else ""
+            for n in names
+        )
+        + " |"
+    )
+    lines.append(
+        "| CPU while appending (cores: this process, its JVM and Python workers) | "
+        + " | ".join(f"{variants[n]['cpu_cores']:.2f}" for n in names)
         + " |"
     )
     parts = list(variants[names[0]]["parts_median_s"])

@@ -278,27 +278,35 @@ def _latency_at(
     interval: float,
     realtime_settings: dict[str, Any] | None = None,
     name: str = "",
-    pipeline: str = "customer_totals",
+    pipelines: tuple[str, ...] = ("customer_totals",),
 ) -> dict[str, Any]:
     """Append → visible per record at ``interval`` s micro-batches (and any other
-    ``realtime`` settings) of one example ``pipeline``, with where each micro-batch spent
-    its time."""
+    ``realtime`` settings) of example ``pipelines`` (their realtime queries side by side
+    in the one session, over one log and sink), with where each micro-batch spent its
+    time and the CPU this process and its children (Spark's JVM and Python workers)
+    took while records were appended."""
+    import psutil
+
     from backlog_dagster.phases.backlog import run_backlog
     from backlog_dagster.phases.realtime import run_realtime
 
     folder = scratch / (name or f"latency-{interval:g}")
     topic = _topic(folder / "example" / "orders", 100_000)
-    config = _example(folder, pipeline)
     settings = {"checkpoint_interval": interval, **(realtime_settings or {})}
-    config = config.model_copy(update={"realtime": config.realtime.model_copy(update=settings)})
+    configs = []
+    for pipeline in pipelines:
+        config = _example(folder, pipeline)
+        update = {"realtime": config.realtime.model_copy(update=settings)}
+        configs.append(config.model_copy(update=update))
     breakdown = MicroBatchBreakdown()
     breakdown.listen(spark)
-    with open_sink(config) as sink:
-        run_backlog(spark, config, sink, log=lambda _: None)
+    for config in configs:
+        with open_sink(config) as sink:
+            run_backlog(spark, config, sink, log=lambda _: None)
     stop = threading.Event()
     errors: list[BaseException] = []
 
-    def realtime() -> None:
+    def realtime(config: PipelineConfig) -> None:
         try:
             with open_sink(config) as sink, open_sink(config) as status_sink:
                 run_realtime(
@@ -306,19 +314,22 @@ def _latency_at(
                     config,
                     sink,
                     status_sink,
-                    checkpoint_dir=folder / "checkpoint",
+                    checkpoint_dir=folder / f"checkpoint-{config.name}",
                     should_stop=stop.is_set,
                     log=lambda _: None,
                 )
         except BaseException as error:
             errors.append(error)
 
-    runner = threading.Thread(target=realtime, daemon=True)
-    runner.start()
-    time.sleep(15)  # the query's first (empty) batches; Python workers are warm already
-    poller = ProgressPoller(Path(config.sink.path), config.name)
-    poller.start()
+    runners = [threading.Thread(target=realtime, args=(c,), daemon=True) for c in configs]
+    for runner in runners:
+        runner.start()
+    time.sleep(15)  # the queries' first (empty) batches; Python workers are warm already
+    pollers = [ProgressPoller(Path(c.sink.path), c.name) for c in configs]
+    for poller in pollers:
+        poller.start()
     start = topic.latest_offsets()
+    cpu_before, began = _tree_cpu_s(psutil.Process()), time.monotonic()
     subprocess.run(
         [
             str(Path(sys.executable).with_name("backlog-dagster")),
@@ -337,22 +348,31 @@ def _latency_at(
         check=True,
         capture_output=True,
     )
+    cpu_cores = (_tree_cpu_s(psutil.Process()) - cpu_before) / (time.monotonic() - began)
     end = topic.latest_offsets()
-    wait_until(_caught_up(config, end), 300, "realtime to take the live records")
+    for config in configs:
+        wait_until(_caught_up(config, end), 300, f"{config.name}'s realtime to take the records")
     time.sleep(0.5)
     breakdown.collect(spark)
-    poller.stop()
+    for poller in pollers:
+        poller.stop()
     stop.set()
-    runner.join(120)
+    for runner in runners:
+        runner.join(120)
     breakdown.stop(spark)
     topic.close()
     if errors:
         raise errors[0]
-    seconds = record_latencies(topic, poller, start, end)
+    each = {
+        c.name: record_latencies(topic, p, start, end)
+        for c, p in zip(configs, pollers, strict=True)
+    }
+    seconds = np.concatenate(list(each.values()))
     produced = sum(end[b] - start[b] for b in end)
     counts, edges = np.histogram(seconds, bins=40)
     row = {
         "checkpoint_interval_s": interval,
+        "pipelines": list(pipelines),
         "live_rate_asked": preset.live_rate,
         "live_rate_reached": produced / preset.latency_seconds,
         "records": len(seconds),
@@ -360,16 +380,33 @@ def _latency_at(
         "p95_s": float(np.percentile(seconds, 95)),
         "p99_s": float(np.percentile(seconds, 99)),
         "max_s": float(seconds.max()),
+        "p99_s_by_pipeline": {p: float(np.percentile(s, 99)) for p, s in each.items()},
+        "cpu_cores_while_appending": cpu_cores,
         "histogram_s": edges.tolist(),
         "histogram_counts": counts.tolist(),
         "breakdown": breakdown.summary(),
     }
     print(
-        f"latency at {interval:g} s batches, {row['live_rate_reached']:,.0f} records/s: "
-        f"p50 {row['p50_s']:.3f} s, p95 {row['p95_s']:.3f} s, p99 {row['p99_s']:.3f} s",
+        f"latency of {', '.join(pipelines)} at {interval:g} s batches, "
+        f"{row['live_rate_reached']:,.0f} records/s: p50 {row['p50_s']:.3f} s, "
+        f"p95 {row['p95_s']:.3f} s, p99 {row['p99_s']:.3f} s, {cpu_cores:.2f} cores",
         flush=True,
     )
     return row
+
+
+def _tree_cpu_s(process: Any) -> float:
+    """CPU seconds of ``process`` and its living descendants so far."""
+    import psutil
+
+    total = 0.0
+    for each in [process, *process.children(recursive=True)]:
+        try:
+            times = each.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def _caught_up(config: PipelineConfig, end: dict[int, int]) -> Any:

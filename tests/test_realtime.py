@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import signal
 import threading
 import time
@@ -20,8 +22,10 @@ from backlog_dagster.phases.lock import exclusive_run
 from backlog_dagster.phases.markers import continue_backlog, current_generation
 from backlog_dagster.phases.realtime import BacklogNotFinished, read_limit, run_realtime
 from backlog_dagster.phases.standby import await_switch
+from backlog_dagster.phases.transform import partial_results, read_schema
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import open_sink
+from backlog_dagster.source import open_source
 from tests.conftest import MakeTopic, append_orders
 from tests.pipelines import (
     CUSTOMER_TOTALS,
@@ -152,6 +156,25 @@ def test_realtime_continues_from_the_backlog_state_exactly(
     assert sum(topic.latest_offsets().values()) - sum(markers.values()) == 16_000
     oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
     assert_same(results, oracle, ["customer_id"])
+
+
+def test_a_small_micro_batch_read_where_it_commits_is_aggregated_without_a_shuffle(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    topic = make_topic(records=2_000, buckets=2)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    with open_source(config) as source:
+        # A static read stands in for the stream's DataFrame: only its session and
+        # schema are used when the records are read here.
+        batch = source.read_batch(spark, read_schema(config, source))
+        records, table = micro_batch._records_of(
+            batch, source, {0: 0, 1: 0}, topic.latest_offsets(), 15_000
+        )
+    plan = io.StringIO()
+    with contextlib.redirect_stdout(plan):
+        partial_results(records, config).explain()
+    assert table is not None and table.num_rows == 2_000
+    assert "HashAggregate" in plan.getvalue() and "Exchange" not in plan.getvalue()
 
 
 def test_late_records_go_to_the_late_table_not_the_results(

@@ -242,6 +242,15 @@ class MicroBatchCommit:
 READ_HERE_MAX_RECORDS = {False: 15_000, True: 200_000}
 
 
+#: A micro-batch read here of up to this many records is aggregated in one Spark task:
+#: one partition holds every key, so the plan has no shuffle (a second stage and its
+#: tasks) and no partial aggregation before it. Measured in one warm local session
+#: (customer_totals' aggregation of records handed over as Arrow, medians of 150): 10,000
+#: records 55 ms and 86 ms of CPU in one task against 72 ms and 117 ms over two tasks and
+#: a shuffle; 40,000 records 143 ms against 178 ms.
+ONE_TASK_MAX_RECORDS = 50_000
+
+
 def _records_of(
     batch: DataFrame, topic: Source, start: dict[int, int], end: dict[int, int], most: int
 ) -> tuple[DataFrame, pa.Table | None]:
@@ -251,7 +260,10 @@ def _records_of(
     if not set(end) <= set(start) or sum(end[b] - start[b] for b in end) > most:
         return batch, None
     table = read_here(topic, batch.schema, start, end)
-    return batch.sparkSession.createDataFrame(table, batch.schema), table
+    records = batch.sparkSession.createDataFrame(table, batch.schema)
+    if table.num_rows <= ONE_TASK_MAX_RECORDS:
+        records = records.coalesce(1)
+    return records, table
 
 
 def batch_range(
