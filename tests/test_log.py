@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from backlog_dagster.log import (
@@ -72,6 +73,64 @@ def test_the_latest_record_time_of_a_range_matches_its_records(make_topic: MakeT
                 for t in batch.column("event_time").cast(pa.int64()).to_pylist()
             ]
             assert topic.max_record_time(bucket, start, end) == (max(times) if times else None)
+
+
+def _shifted(table: pa.Table, by_us: int) -> pa.Table:
+    """``table`` with every event time moved by ``by_us``."""
+    times = table.column("event_time").cast(pa.int64())
+    moved = pc.add(times, by_us).cast(ORDERS_SCHEMA.field("event_time").type)
+    return table.set_column(table.schema.get_field_index("event_time"), "event_time", moved)
+
+
+def _arrivals_by_reading(
+    topic: Topic, bucket: int, since: float
+) -> tuple[int | None, float | None]:
+    """The latest record time among records appended before ``since``, and the last such
+    append, from the records themselves."""
+    latest, last = None, None
+    for first, count, at in topic.append_times(bucket, 0, topic.bounds()[bucket].latest):
+        if at >= since:
+            continue
+        batch = pa.Table.from_batches(list(topic.read(bucket, first, first + count)))
+        high = pc.max(batch.column("event_time").cast(pa.int64())).as_py()
+        latest = high if latest is None else max(latest, high)
+        last = at if last is None else max(last, at)
+    return latest, last
+
+
+def test_the_record_time_as_it_stood_at_each_append(make_topic: MakeTopic) -> None:
+    """From the time so far each blob keeps; record times that go back later on; an
+    append cut into two blobs; a bucket written before blobs kept it (its appends then
+    keep it from there on)."""
+    from tests.log_workers import records
+
+    topic = make_topic(records=0, buckets=2)
+    old = topic.bucket(1)
+    old._db.execute("ALTER TABLE blobs DROP COLUMN max_time_so_far_us")
+    appends = [(0, 1000, 0), (1000, 70_000, 0), (71_000, 500, -(10**9)), (71_500, 10, 5)]
+    for bucket in (0, 1):
+        for first, count, shift in appends[:2]:
+            topic.append(bucket, _shifted(records(first, count), shift))
+    with Topic(topic.path) as reader:  # bucket 1 still has no time so far
+        stamps = [at for _, _, at in topic.append_times(1, 0, 71_000)]
+        for since in [stamps[0], stamps[-1], stamps[-1] + 1]:
+            held = reader.arrivals(1, since)
+            assert (held.max_time_before_us, held.last_append_before) == _arrivals_by_reading(
+                topic, 1, since
+            )
+    for bucket in (0, 1):
+        for first, count, shift in appends[2:]:
+            time.sleep(0.01)
+            topic.append(bucket, _shifted(records(first, count), shift))
+    for bucket in (0, 1):
+        stamps = [at for _, _, at in topic.append_times(bucket, 0, 71_510)]
+        assert stamps == sorted(stamps)
+        with Topic(topic.path) as reader:
+            for since in [*stamps, stamps[-1] + 1]:
+                held = reader.arrivals(bucket, since)
+                assert (held.max_time_before_us, held.last_append_before) == (
+                    _arrivals_by_reading(topic, bucket, since)
+                )
 
 
 def test_append_refuses_records_that_do_not_fit(make_topic: MakeTopic) -> None:
@@ -162,9 +221,12 @@ def test_added_buckets_are_discovered_by_another_handle(make_topic: MakeTopic) -
     topic = make_topic(records=1000, buckets=2)
     with Topic(topic.path) as other:
         assert other.buckets() == [0, 1]
+        assert other.bucket(1).bounds().latest > 0  # the ids known to this handle: 0, 1
         assert topic.add_buckets(2) == [2, 3]
         assert other.buckets() == [0, 1, 2, 3]
         assert other.bucket(3).bounds().latest == 0
+        with pytest.raises(TopicError, match="has no bucket 4"):
+            other.bucket(4)
     append_orders(topic, 5000)
     assert len(all_records(topic)) == 6000
 

@@ -3,7 +3,10 @@
 Storage: one SQLite database per bucket, in WAL mode, holding the records as Arrow IPC
 blobs of up to ``MAX_ROWS_PER_BLOB`` rows, keyed by the offset of their first record,
 with the range of their record times and when they were appended (how the switch tells
-an idle bucket from a busy one).
+an idle bucket from a busy one). Appends are stamped in offset order (a stamp is never
+earlier than the one before), and each blob also keeps the latest record time of the
+bucket up to and including it, so the record time as it stood at any moment is one
+look-up in the arrival index, however long the bucket has been appended to.
 
 Why SQLite and Arrow IPC, rather than a file format of our own:
 - SQLite gives the durability the log promises without us writing a recovery
@@ -46,7 +49,8 @@ CREATE TABLE IF NOT EXISTS blobs (
     min_time_us INTEGER NOT NULL,
     max_time_us INTEGER NOT NULL,
     appended_at REAL NOT NULL,
-    data BLOB NOT NULL
+    data BLOB NOT NULL,
+    max_time_so_far_us INTEGER
 );
 -- Arrival order: what idleness and lateness read, without touching the blobs' data.
 CREATE INDEX IF NOT EXISTS blobs_by_arrival ON blobs (appended_at, max_time_us);
@@ -57,6 +61,17 @@ CREATE TABLE IF NOT EXISTS bounds (
 );
 INSERT OR IGNORE INTO bounds (id, earliest_offset, next_offset) VALUES (0, 0, 0);
 """
+
+
+#: The blobs that hold offsets ``[:start, :end)``, in order: from the last blob starting
+#: at or before ``:start``, a range of the primary key. (A condition on ``first_offset +
+#: record_count`` cannot use the key: it visited every blob before ``:end``, so a read
+#: near the end of a bucket that live appends had cut into 30,000 blobs took 10 ms.)
+_OVERLAPPING = (
+    "WHERE first_offset >= coalesce("
+    "(SELECT max(first_offset) FROM blobs WHERE first_offset <= :start), 0) "
+    "AND first_offset < :end ORDER BY first_offset"
+)
 
 
 class OffsetOutOfRange(LookupError):
@@ -96,6 +111,8 @@ class Bucket:
         self.timestamp_column = timestamp_column
         self._write_options = pa.ipc.IpcWriteOptions(compression=compression)
         self._db = sqlite3.connect(path, timeout=60, isolation_level=None)
+        #: Whether the blobs table is known to have ``max_time_so_far_us``.
+        self._has_time_so_far = create
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         if create:
@@ -169,15 +186,16 @@ class Bucket:
         """
         latest = None
         for first_offset, count, max_time in self._db.execute(
-            "SELECT first_offset, record_count, max_time_us FROM blobs "
-            "WHERE first_offset + record_count > ? AND first_offset < ?",
-            (start, end),
+            "SELECT first_offset, record_count, max_time_us FROM blobs " + _OVERLAPPING,
+            {"start": start, "end": end},
         ).fetchall():
+            low, high = max(start, first_offset), min(end, first_offset + count)
+            if low >= high:
+                continue
             if first_offset < start or first_offset + count > end:
                 (data,) = self._db.execute(
                     "SELECT data FROM blobs WHERE first_offset = ?", (first_offset,)
                 ).fetchone()
-                low, high = max(start, first_offset), min(end, first_offset + count)
                 times = _decode(data).column(self.timestamp_column).cast(pa.int64())
                 max_time = pc.max(times.slice(low - first_offset, high - low)).as_py()
             if max_time is not None and (latest is None or max_time > latest):
@@ -187,9 +205,8 @@ class Bucket:
     def append_times(self, start: int, end: int) -> list[tuple[int, int, float]]:
         """``(first offset, records, appended at)`` of each stored blob overlapping [start, end)."""
         return self._db.execute(
-            "SELECT first_offset, record_count, appended_at FROM blobs "
-            "WHERE first_offset + record_count > ? AND first_offset < ? ORDER BY first_offset",
-            (start, end),
+            "SELECT first_offset, record_count, appended_at FROM blobs " + _OVERLAPPING,
+            {"start": start, "end": end},
         ).fetchall()
 
     def arrivals(self, since: float, until: float = float("inf")) -> Arrivals:
@@ -199,16 +216,36 @@ class Bucket:
         when the record was appended (``phases.watermark``): this is what that needs,
         read from the blob index alone.
         """
-        before, last = self._db.execute(
-            "SELECT max(max_time_us), max(appended_at) FROM blobs WHERE appended_at < ?",
-            (since,),
-        ).fetchone()
+        before, last = self._before(since)
         appends = self._db.execute(
             "SELECT appended_at, max(max_time_us) FROM blobs WHERE appended_at >= ? "
             "AND appended_at <= ? GROUP BY appended_at ORDER BY appended_at",
             (since, until),
         ).fetchall()
         return Arrivals(before, last, [(float(at), int(high)) for at, high in appends])
+
+    def _before(self, since: float) -> tuple[int | None, float | None]:
+        """The latest record time among blobs appended before ``since``, and when the
+        last of them was: from the last such blob's time so far, two index look-ups.
+        Blobs written before that was kept are read whole (a scan of the arrival index
+        up to ``since``). Records retention removed still count where the time so far
+        was kept: the watermark as it stood then had seen them."""
+        (last,) = self._db.execute(
+            "SELECT max(appended_at) FROM blobs WHERE appended_at < ?", (since,)
+        ).fetchone()
+        if last is None:
+            return None, None
+        try:
+            (so_far,) = self._db.execute(
+                "SELECT max(max_time_so_far_us) FROM blobs WHERE appended_at = ?", (last,)
+            ).fetchone()
+        except sqlite3.OperationalError:  # a bucket written before the column
+            so_far = None
+        if so_far is None:
+            (so_far,) = self._db.execute(
+                "SELECT max(max_time_us) FROM blobs WHERE appended_at < ?", (since,)
+            ).fetchone()
+        return so_far, last
 
     def append_time(self, offset: int) -> float | None:
         """When the record at ``offset`` was appended; None if the bucket does not hold it."""
@@ -239,22 +276,26 @@ class Bucket:
             latest = self.bounds().latest
             return latest, latest
         times = table.column(self.timestamp_column).cast(pa.int64())
-        appended_at = time.time()
         self._db.execute("BEGIN IMMEDIATE")
         try:
+            self._keep_time_so_far()
             (first,) = self._db.execute("SELECT next_offset FROM bounds").fetchone()
+            appended_at, so_far = self._after_last_blob(time.time())
             offset = first
             for batch in table.to_batches(max_chunksize=MAX_ROWS_PER_BLOB):
                 batch_times = times.slice(offset - first, batch.num_rows)
+                latest = pc.max(batch_times).as_py()
+                so_far = latest if so_far is None else max(so_far, latest)
                 self._db.execute(
-                    "INSERT INTO blobs VALUES (?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO blobs VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (
                         offset,
                         batch.num_rows,
                         pc.min(batch_times).as_py(),
-                        pc.max(batch_times).as_py(),
+                        latest,
                         appended_at,
                         self._encode(batch),
+                        so_far,
                     ),
                 )
                 offset += batch.num_rows
@@ -264,6 +305,30 @@ class Bucket:
             self._db.execute("ROLLBACK")
             raise
         return first, offset
+
+    def _keep_time_so_far(self) -> None:
+        """A bucket written before blobs kept the record time so far gets the column
+        (its older blobs leave it empty; ``arrivals`` reads those the slow way)."""
+        if self._has_time_so_far:
+            return
+        columns = [row[1] for row in self._db.execute("PRAGMA table_info(blobs)")]
+        if "max_time_so_far_us" not in columns:
+            self._db.execute("ALTER TABLE blobs ADD COLUMN max_time_so_far_us INTEGER")
+        self._has_time_so_far = True
+
+    def _after_last_blob(self, now: float) -> tuple[float, int | None]:
+        """The stamp for an append at ``now`` (never before the last blob's: two writers
+        racing, or the clock set back, must not put a later offset earlier in arrival
+        order) and the latest record time before it (None for an empty bucket)."""
+        row = self._db.execute(
+            "SELECT appended_at, max_time_so_far_us FROM blobs ORDER BY first_offset DESC LIMIT 1"
+        ).fetchone()
+        if row is None:
+            return now, None
+        appended_at, so_far = row
+        if so_far is None:  # the bucket's blobs before the column: once, the slow way
+            (so_far,) = self._db.execute("SELECT max(max_time_us) FROM blobs").fetchone()
+        return max(now, appended_at), so_far
 
     def truncate_before(self, offset: int) -> BucketBounds:
         """Retention: drop records below ``offset``; the earliest offset moves there."""
@@ -341,10 +406,7 @@ class Bucket:
         if start == end:
             return
         rows = self._db.execute(
-            "SELECT first_offset, record_count, appended_at, data FROM blobs "
-            "WHERE first_offset >= coalesce("
-            "  (SELECT max(first_offset) FROM blobs WHERE first_offset <= :start), 0) "
-            "AND first_offset < :end ORDER BY first_offset",
+            "SELECT first_offset, record_count, appended_at, data FROM blobs " + _OVERLAPPING,
             {"start": start, "end": end},
         )
         expected = start

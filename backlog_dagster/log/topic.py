@@ -70,6 +70,8 @@ class Topic:
         compression = meta["compression"].decode()
         self.compression: str | None = compression or None
         self._buckets: dict[int, Bucket] = {}
+        #: Bucket ids as last read from the metadata.
+        self._known: set[int] = set()
 
     @property
     def name(self) -> str:
@@ -82,7 +84,8 @@ class Topic:
 
     def bucket(self, bucket_id: int) -> Bucket:
         if bucket_id not in self._buckets:
-            if bucket_id not in self.buckets():
+            # Buckets are only ever added: the ids read once answer until one is new.
+            if bucket_id not in self._known and bucket_id not in self._read_known():
                 raise TopicError(f"topic {self.name} has no bucket {bucket_id}")
             self._buckets[bucket_id] = Bucket(
                 self.path / _bucket_file(bucket_id),
@@ -92,6 +95,10 @@ class Topic:
                 self.compression,
             )
         return self._buckets[bucket_id]
+
+    def _read_known(self) -> set[int]:
+        self._known = set(self.buckets())
+        return self._known
 
     def bounds(self) -> dict[int, BucketBounds]:
         """Earliest and latest offset of every bucket."""
