@@ -13,9 +13,9 @@ An archive fits one JDK and one set of jars. Its file name carries a fingerprint
 a driver starts from it only when it is there (``driver_java_option``), and a JVM given an
 archive that does not fit says so in one line and starts as usual. ``backlog-dagster
 spark class-archive`` writes it (``make`` does, when it sets up ``.venv``): a Spark driver
-of its own runs a small pipeline, backlog then realtime, so the classes of both phases
-are loaded, and dumps them as it exits. It lives in the virtual environment when there
-is one (gone with it), else in the user's cache.
+of its own runs small pipelines, backlog then realtime (``spark.sample_run``), so the
+classes of both phases are loaded, and dumps them as it exits. It lives in the virtual
+environment when there is one (gone with it), else in the user's cache.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -106,17 +105,7 @@ def _load_classes(target: Path) -> None:
     """In a process of its own: a local driver that loads what runs load, writes them to
     ``target`` as it exits, and is waited for (the dump takes seconds after the session
     stops)."""
-    from backlog_dagster.log import create_topic
-    from backlog_dagster.log.workload import (
-        ORDERS_SCHEMA,
-        ORDERS_TIMESTAMP,
-        produce_backlog,
-        produce_live,
-    )
-    from backlog_dagster.phases.backlog import run_backlog
-    from backlog_dagster.phases.realtime import run_realtime
-    from backlog_dagster.pipeline.config import PipelineConfig
-    from backlog_dagster.sink import open_sink
+    from backlog_dagster.spark.sample_run import run_sample
     from backlog_dagster.spark.session import get_session
 
     spark = get_session(
@@ -126,63 +115,7 @@ def _load_classes(target: Path) -> None:
     assert gateway is not None, "a local Spark has a py4j gateway to its JVM"
     jvm = gateway.proc  # the JVM's process, which PySpark started
     with tempfile.TemporaryDirectory(prefix="class-archive-") as folder:
-        topic = create_topic(
-            Path(folder) / "orders", ORDERS_SCHEMA, timestamp_column=ORDERS_TIMESTAMP, buckets=2
-        )
-        produce_backlog(topic, 20_000, days=1)
-        config = PipelineConfig.model_validate(
-            {
-                "name": "class_archive",
-                "source": {"path": str(topic.path), "event_time": "event_time"},
-                "transform": {
-                    "keys": ["region"],
-                    "window": {"size": "1h", "slide": "30m"},
-                    "aggregations": [
-                        {"name": "orders", "function": "count"},
-                        {"name": "amount", "function": "sum", "column": "amount"},
-                        {"name": "largest", "function": "max", "column": "amount"},
-                        {
-                            "name": "customers",
-                            "function": "count_distinct",
-                            "column": "customer_id",
-                        },
-                        {
-                            "name": "median",
-                            "function": "quantiles",
-                            "column": "amount",
-                            "quantiles": [0.5],
-                        },
-                    ],
-                },
-                "sink": {"path": str(Path(folder) / "results.sqlite"), "table": "results"},
-                "backlog": {"checkpoint_interval": 0},
-                "realtime": {"checkpoint_interval": 0.5},
-            }
-        )
-        with open_sink(config) as sink, open_sink(config) as status_sink:
-            run_backlog(spark, config, sink, log=lambda _: None)
-            stop = threading.Event()
-            appending = threading.Thread(
-                target=produce_live,
-                args=(topic, 2_000),
-                kwargs={"first_order_id": 20_000, "should_stop": stop.is_set},
-            )
-            appending.start()
-            deadline = time.monotonic() + 8
-            try:
-                run_realtime(
-                    spark,
-                    config,
-                    sink,
-                    status_sink,
-                    checkpoint_dir=Path(folder) / "checkpoint",
-                    should_stop=lambda: time.monotonic() > deadline,
-                    log=lambda _: None,
-                )
-            finally:
-                stop.set()
-                appending.join()
-        topic.close()
+        run_sample(spark, Path(folder), backlog_records=20_000, live_rate=2_000, realtime_s=8)
     spark.stop()
     jvm.stdin.close()  # the gateway exits on end of input: then the JVM dumps the archive
     jvm.wait(300)
