@@ -220,10 +220,13 @@ def _shared_spark(kind: str, folder: Path) -> Iterator[Edit]:
     """A Spark Connect server or a standalone cluster for the demo's runs, and the edit
     that points the example's pipelines at it (through ``DEMO_SPARK_ENV``)."""
     from backlog_dagster.spark import servers
+    from backlog_dagster.spark.sample_run import DEFAULT_WARM_UP_S
 
     begun = time.monotonic()
     if kind == "connect":
-        with servers.connect_server(folder) as server:
+        with servers.connect_server(
+            folder, warm_up_s=DEFAULT_WARM_UP_S, log=console.print
+        ) as server:
             os.environ[DEMO_SPARK_ENV] = server.url
             console.print(
                 f"Spark Connect server up on {server.url} in {time.monotonic() - begun:.1f} s "

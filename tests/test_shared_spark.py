@@ -4,6 +4,7 @@ pyspark installation: a Spark Connect server, and a standalone cluster of two wo
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,23 +36,33 @@ from tests.test_realtime import reached
 
 @pytest.fixture(scope="module")
 def connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.SparkServer]:
-    """``backlog-dagster spark connect-server`` as a user runs it, until SIGTERM."""
+    """``backlog-dagster spark connect-server`` as a user runs it (a short warm-up), from
+    when it says it is up until SIGTERM."""
     folder, port = tmp_path_factory.mktemp("connect"), servers.free_port()
     command = [str(Path(sys.executable).with_name("backlog-dagster")), "spark"]
     command += ["connect-server", "--port", str(port), "--master", "local[2]"]
-    command += ["--dir", str(folder)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    command += ["--dir", str(folder), "--warm-up", "2"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     server = servers.SparkServer(
         "connect server", f"sc://127.0.0.1:{port}", port, folder / "connect-server.log", process
     )
+    said = []
     try:
         servers.wait_until_listening(server)
+        assert process.stdout is not None
+        for line in process.stdout:  # the warm-up, then the line that says it is up
+            said.append(line)
+            if "Spark Connect server up" in line:
+                break
+        warmed = next((line for line in said if "server warmed up" in line), "")
+        assert re.search(r"\(([1-9]\d*) micro-batches\)", warmed), "".join(said)
+        assert not list(folder.glob("warm-up-*")), "the warm-up's data is gone"
         yield server
     finally:
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=60)
-    assert process.returncode == 0, output.decode(errors="replace")
-    assert f"Spark Connect server up: sc://127.0.0.1:{port}" in output.decode()
+    assert process.returncode == 0, "".join(said) + output
+    assert f"Spark Connect server up: sc://127.0.0.1:{port}" in "".join(said)
 
 
 def commit_workers(server: servers.SparkServer) -> set[int]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from backlog_dagster.spark import class_archive, servers
+from backlog_dagster.spark.sample_run import DEFAULT_WARM_UP_S
 
 
 @click.group("spark")
@@ -44,13 +45,28 @@ def write_class_archive() -> None:
     help="Where its log and scheduler settings go.",
 )
 @click.option("--conf", multiple=True, metavar="KEY=VALUE", help="A Spark setting; repeatable.")
-def connect_server(port: int, master: str, folder: Path, conf: tuple[str, ...]) -> None:
+@click.option(
+    "--warm-up",
+    "warm_up_s",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_WARM_UP_S,
+    show_default=True,
+    help="Seconds of sample realtime (after a sample backlog) the server runs before it "
+    "says it is up, so its JIT has compiled what runs run; 0 skips it.",
+)
+def connect_server(
+    port: int, master: str, folder: Path, conf: tuple[str, ...], warm_up_s: float
+) -> None:
     """Run a Spark Connect server on 127.0.0.1 until interrupted.
 
     Point pipelines at it with spark_master: sc://127.0.0.1:PORT.
     """
     settings = dict(_setting(item) for item in conf)
-    with servers.connect_server(folder.resolve(), port, master, settings) as server:
+    # A SIGTERM while the server starts or warms up stops it too, as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    with servers.connect_server(
+        folder.resolve(), port, master, settings, warm_up_s=warm_up_s, log=click.echo
+    ) as server:
         click.echo(f"Spark Connect server up: {server.url} (log: {server.log}); Ctrl-C stops it")
         _wait_for(server)
 
@@ -89,6 +105,10 @@ def _setting(item: str) -> tuple[str, str]:
     if not equals or not key:
         raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--conf")
     return key, value
+
+
+def _exit_on_signal(number: int, frame: object) -> None:
+    raise SystemExit(128 + number)
 
 
 def _wait_for(server: servers.SparkServer) -> None:

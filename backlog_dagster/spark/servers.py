@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,12 +184,22 @@ def stop(server: SparkServer, signal_number: int = signal.SIGTERM) -> None:
 
 @contextmanager
 def connect_server(
-    folder: Path, port: int | None = None, master: str = "local[*]", conf: Mapping[str, str] = {}
+    folder: Path,
+    port: int | None = None,
+    master: str = "local[*]",
+    conf: Mapping[str, str] = {},
+    warm_up_s: float = 0,
+    log: Callable[[str], None] = lambda _: None,
 ) -> Iterator[SparkServer]:
-    """A Spark Connect server on loopback for the block."""
+    """A Spark Connect server on loopback for the block; with ``warm_up_s``, warmed up
+    with a sample run first (``spark.sample_run.warm_up_server``)."""
     server = start_connect_server(port or free_port(), folder, master, conf)
     try:
         wait_until_listening(server)
+        if warm_up_s > 0:
+            from backlog_dagster.spark.sample_run import warm_up_server
+
+            warm_up_server(server.url, folder, warm_up_s, log)
         yield server
     finally:
         stop(server)
