@@ -20,11 +20,14 @@ shipped. Two cases, alternating, ``repeat`` runs each:
   ``switch.standby_lead: 60``: each standby starts once its backlog run is reading and
   its ETA, when known, is within a minute, rather than with the backlog run;
 - ``one shared Spark Connect server`` (only with ``--case``): as shipped with every
-  pipeline's ``spark_master`` on one Spark Connect server (``local[*]``) started before
-  ``dagster dev``: no run starts a JVM of its own. Its process counts in the memory and
-  CPU figures;
+  pipeline's ``spark_master`` on one Spark Connect server (``local[*]``) started, and
+  warmed up as ``backlog-dagster spark connect-server`` does (``spark.sample_run``),
+  before ``dagster dev``: no run starts a JVM of its own. Its process counts in the
+  memory and CPU figures, from ``dagster dev``'s start;
 - ``shared Spark, 0.5 s micro-batches`` (only with ``--case``): the same with every
   pipeline's ``realtime.checkpoint_interval`` at 0.5 s;
+- ``shared Spark unwarmed, 0.5 s micro-batches`` (only with ``--case``): the same on a
+  server that skipped the warm-up (``--warm-up 0``), as every shared server did before;
 - ``without the start and checkpoint cuts`` (only with ``--case``): as shipped, but
   every driver starts without the class-data archive (moved aside for the run) and
   realtime writes its checkpoints through Spark's default file manager: the baseline
@@ -58,6 +61,10 @@ had switched, and after. And the peak resident memory of every process under
 ``dagster dev`` (the largest sum at one moment). Beside it, in one warm process: each
 pipeline's backlog over the same ``records`` (``checkpoint_interval`` 0), one after the
 other, and a Spark start, to set the target: time to fresh within 1.5 times their sum.
+
+With ``--timeline``, each run's lag, CPU by role each second and (on a shared server,
+from its event log) every micro-batch's durations go to ``<date>-e2e-<cases>-timeline.json``
+beside the figures.
 
 Writes ``bench/results/<date>-e2e.json`` and its section of ``BENCHMARKS.md``.
 """
@@ -98,6 +105,7 @@ from backlog_dagster.log import Topic
 from backlog_dagster.pipeline.load import load_pipeline
 from backlog_dagster.sink import open_sink
 from backlog_dagster.spark.class_archive import archive_path
+from backlog_dagster.spark.sample_run import DEFAULT_WARM_UP_S
 from backlog_dagster.spark.servers import SparkServer, connect_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,6 +124,7 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
     "standby_lead_60s": {"switch": {"standby_lead": 60}},
     "shared_spark": {},
     "shared_spark_half_second": {"realtime": {"checkpoint_interval": 0.5}},
+    "shared_spark_half_second_cold": {"realtime": {"checkpoint_interval": 0.5}},
     "without_start_cuts": {
         "realtime": {
             "spark_conf": {
@@ -130,7 +139,10 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
 #: Cases whose drivers start without the class-data archive.
 WITHOUT_CLASS_ARCHIVE = {"without_start_cuts"}
 #: Cases whose runs share one Spark Connect server, started before ``dagster dev``.
-SHARED_SPARK = {"shared_spark", "shared_spark_half_second"}
+SHARED_SPARK = {"shared_spark", "shared_spark_half_second", "shared_spark_half_second_cold"}
+#: Shared-Spark cases whose server starts without the warm-up that ``backlog-dagster spark
+#: connect-server`` runs by default.
+UNWARMED = {"shared_spark_half_second_cold"}
 #: The cases a run without ``--case`` runs.
 DEFAULT_CASES = ("as_shipped", "switch_at_first_markers")
 #: Lag under this many seconds of input is fresh; the second, looser bound is reported
@@ -155,12 +167,22 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--case", action="append", choices=sorted(CASES))
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="also keep each run's lag, CPU by role and (shared Spark) micro-batches over "
+        "time, in <date>-e2e-<cases>-timeline.json",
+    )
     args = parser.parse_args()
     cases = args.case or list(DEFAULT_CASES)
     scratch = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
     started = time.perf_counter()
     try:
         runs: dict[str, list[dict[str, Any]]] = {case: [] for case in cases}
+        timelines: dict[str, list[dict[str, Any]]] = {}
+        # The runs so far, should a later step fail (the file stays then).
+        kept = scratch.with_name(f"{scratch.name}-runs.json")
+        print(f"runs so far go to {kept}", flush=True)
         for rep in range(args.repeat):
             for case in cases:
                 with class_archive_aside(case in WITHOUT_CLASS_ARCHIVE):
@@ -170,9 +192,13 @@ def main() -> None:
                         CASES[case],
                         seed=10 + rep,
                         shared_spark=case in SHARED_SPARK,
+                        warm_up_s=0 if case in UNWARMED else DEFAULT_WARM_UP_S,
                     )
+                if "timeline" in run:
+                    timelines.setdefault(case, []).append(run.pop("timeline"))
                 runs[case].append(run)
                 print(f"{case} run {rep + 1}: {json.dumps(run['pipelines'])}", flush=True)
+                kept.write_text(json.dumps({"runs": runs, "timelines": timelines}) + "\n")
         in_process = in_one_process(scratch / "in-process", args.records)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -192,6 +218,11 @@ def main() -> None:
         path = publish(f"e2e-{suffix}", results, f"e2e.py {suffix}", _markdown(results))
     else:
         path = publish("e2e", results, "e2e.py", _markdown(results))
+    if timelines:
+        timeline = path.with_name(path.name.replace(".json", "-timeline.json"))
+        timeline.write_text(json.dumps(timelines) + "\n")
+        print(f"wrote {timeline}")
+    kept.unlink(missing_ok=True)
     print(f"wrote {path} and BENCHMARKS.md in {results['bench_seconds']:.0f} s")
 
 
@@ -216,13 +247,35 @@ def one_run(
     changes: dict[str, dict[str, Any]],
     seed: int,
     shared_spark: bool = False,
+    warm_up_s: float = 0,
 ) -> dict[str, Any]:
-    """The example under ``dagster dev`` from start until every pipeline held fresh."""
+    """The example under ``dagster dev`` from start until every pipeline held fresh; a
+    shared server is started (and warmed up for ``warm_up_s``) before ``dagster dev``."""
+    events = data.with_name(f"{data.name}-spark-events")
     with contextlib.ExitStack() as stack:
         server = None
         if shared_spark:
-            server = stack.enter_context(connect_server(data / "spark-connect"))
-        return _one_run(data, args, changes, seed, server)
+            conf = {}
+            if args.timeline:
+                events.mkdir(parents=True)
+                conf = {
+                    "spark.eventLog.enabled": "true",
+                    "spark.eventLog.dir": events.as_uri(),
+                    "spark.eventLog.compress": "false",
+                }
+            started = time.monotonic()
+            server = stack.enter_context(
+                connect_server(data / "spark-connect", conf=conf, warm_up_s=warm_up_s, log=print)
+            )
+            server_up_s = round(time.monotonic() - started, 1)
+        run = _one_run(data, args, changes, seed, server)
+        if server is not None:
+            run["server_up_s"] = server_up_s
+    # The server has stopped: its event log is whole.
+    if "timeline" in run:
+        run["timeline"]["micro_batches"] = micro_batches(events, run["timeline"].pop("began"))
+    shutil.rmtree(events, ignore_errors=True)
+    return run
 
 
 def _one_run(
@@ -315,6 +368,18 @@ def _one_run(
                     for p in PIPELINES
                 }
             cpu_s = cpu_by_role(cpu, data / "dagster_home", began, ended, figures)
+            if args.timeline:
+                timeline = {
+                    "lag_s": {
+                        p: [
+                            (round(t - began, 2), lag / args.live_rate) for t, lag in lags.series(p)
+                        ]
+                        for p in PIPELINES
+                    },
+                    "cpu_cores": cpu_timeline(cpu, data / "dagster_home", began),
+                    "began": began,
+                    "switch_s": {p: figures[p]["switch_s"] for p in PIPELINES},
+                }
             for pipeline, started in first_realtime_runs(data / "dagster_home", began).items():
                 figures[pipeline] |= started
     finally:
@@ -324,7 +389,50 @@ def _one_run(
         producer.terminate()
         producer.wait(30)
         shutil.rmtree(data, ignore_errors=True)
-    return {"pipelines": figures, "memory_peak_mib": peak, "cpu_s": cpu_s}
+    run = {"pipelines": figures, "memory_peak_mib": peak, "cpu_s": cpu_s}
+    if args.timeline:
+        run["timeline"] = timeline
+    return run
+
+
+def cpu_timeline(cpu: CpuSampler, home: Path, began: float) -> list[dict[str, Any]]:
+    """Each second's cores by role (s from the start)."""
+    roles = cpu.roles(home)
+    seconds = []
+    for (t0, before), (t1, after) in zip(cpu.samples, cpu.samples[1:], strict=False):
+        spent: dict[str, float] = {}
+        for group, total in after.items():
+            role = roles.get(group, "runs, unidentified") if group.startswith("run:") else group
+            spent[role] = spent.get(role, 0.0) + (total - before.get(group, total)) / (t1 - t0)
+        seconds.append({"t": round(t1 - began, 1)} | {r: round(c, 2) for r, c in spent.items()})
+    return seconds
+
+
+#: The Spark event a streaming query's progress is written to the event log as.
+PROGRESS_EVENT = "org.apache.spark.sql.streaming.StreamingQueryListener$QueryProgressEvent"
+
+
+def micro_batches(events: Path, began: float) -> list[dict[str, Any]]:
+    """Every micro-batch the shared server ran, from its event log: query, batch, when it
+    began (s from the start), records, and Spark's durations (s)."""
+    found = []
+    for path in sorted(p for p in events.rglob("*") if p.is_file()):
+        with path.open() as lines:
+            for line in lines:
+                if PROGRESS_EVENT not in line:
+                    continue
+                progress = json.loads(line)["progress"]
+                at = datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00"))
+                found.append(
+                    {
+                        "query": progress.get("name"),
+                        "batch": progress["batchId"],
+                        "t": round(at.timestamp() - began, 2),
+                        "records": progress.get("numInputRows", 0),
+                        "s": {k: v / 1000 for k, v in progress["durationMs"].items()},
+                    }
+                )
+    return found
 
 
 def first_realtime_runs(home: Path, began: float) -> dict[str, dict[str, Any]]:
@@ -505,6 +613,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     summary["cpu_until_every_switch"] = _cpu_medians(
         [run["cpu_s"]["until_every_switch"] for run in runs]
     )
+    if "server_up_s" in runs[0]:
+        summary["server_up_s"] = _median([run["server_up_s"] for run in runs])
     summary["memory_peak_mib_sum_of_all"] = max(
         run["memory_peak_mib"]["sum_of_all"] for run in runs
     )
@@ -557,6 +667,27 @@ def _median(values: list[Any]) -> Any:
     return round(statistics.median(present), 3) if present else None
 
 
+def _spark_start_s(attempts: int = 2) -> float:
+    """Seconds a fresh process takes to start a local Spark and run a one-row job (a
+    failed start is tried again once, then raised with what the process said)."""
+    for attempt in range(attempts):
+        started = time.perf_counter()
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from backlog_dagster.spark.session import get_session as g; "
+                "g('local[*]', app_name='bench-start').range(1).count()",
+            ],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode == 0:
+            return time.perf_counter() - started
+        print(f"a Spark start failed (attempt {attempt + 1}):\n{done.stderr[-2000:]}", flush=True)
+    raise RuntimeError("a fresh local Spark did not start; see above")
+
+
 def in_one_process(folder: Path, records: int) -> dict[str, Any]:
     """Each example pipeline's backlog over ``records`` in one warm process, and a Spark
     start in a fresh one: the target's parts."""
@@ -564,18 +695,7 @@ def in_one_process(folder: Path, records: int) -> dict[str, Any]:
     from backlog_dagster.spark.session import get_session
 
     _topic(folder / "example" / "orders", records).close()
-    started = time.perf_counter()
-    subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from backlog_dagster.spark.session import get_session as g; "
-            "g('local[*]', app_name='bench-start').range(1).count()",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    spark_start = time.perf_counter() - started
+    spark_start = _spark_start_s()
     spark = get_session("local[*]", app_name="bench-e2e-in-process")
     spark.sparkContext.setLogLevel("ERROR")
     seconds: dict[str, float] = {}
@@ -607,6 +727,7 @@ LABELS = {
     "standby_lead_60s": "standby lead 60 s",
     "shared_spark": "one shared Spark Connect server",
     "shared_spark_half_second": "shared Spark, 0.5 s micro-batches",
+    "shared_spark_half_second_cold": "shared Spark unwarmed, 0.5 s micro-batches",
     "without_start_cuts": "without the start and checkpoint cuts",
 }
 
@@ -630,6 +751,11 @@ def _markdown(results: dict[str, Any]) -> str:
         f"{LABELS[case]}: every pipeline fresh at {figures['fresh_s_all']} s, under 3 s of "
         f"input at {figures['settled_s_all']} s, peak memory of every process at one moment "
         f"{figures['memory_peak_mib_sum_of_all']:,.0f} MiB"
+        + (
+            f", the shared server up (before `dagster dev`) in {figures['server_up_s']} s"
+            if "server_up_s" in figures
+            else ""
+        )
         for case, figures in cases.items()
     )
     cpu_lines = "\n".join(
