@@ -20,6 +20,7 @@ from backlog_dagster.phases.micro_batch import LOCK_PATIENCE_S, MicroBatchCommit
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import SinkUnreachable, open_sink
 from backlog_dagster.spark import servers
+from backlog_dagster.spark.sample_run import warm_up_server
 from backlog_dagster.spark.session import SparkSettingRefused, spark_config
 from tests.conftest import MakeTopic, append_orders
 from tests.pipelines import (
@@ -36,12 +37,13 @@ from tests.test_realtime import reached
 
 @pytest.fixture(scope="module")
 def connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.SparkServer]:
-    """``backlog-dagster spark connect-server`` as a user runs it (a short warm-up), from
-    when it says it is up until SIGTERM."""
+    """``backlog-dagster spark connect-server`` as a user runs it (without the warm-up,
+    which ``warm_up_server``'s own test runs on it), from when it says it is up until
+    SIGTERM."""
     folder, port = tmp_path_factory.mktemp("connect"), servers.free_port()
     command = [str(Path(sys.executable).with_name("backlog-dagster")), "spark"]
     command += ["connect-server", "--port", str(port), "--master", "local[2]"]
-    command += ["--dir", str(folder), "--warm-up", "2"]
+    command += ["--dir", str(folder), "--warm-up", "0"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     server = servers.SparkServer(
         "connect server", f"sc://127.0.0.1:{port}", port, folder / "connect-server.log", process
@@ -50,13 +52,10 @@ def connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.SparkS
     try:
         servers.wait_until_listening(server)
         assert process.stdout is not None
-        for line in process.stdout:  # the warm-up, then the line that says it is up
+        for line in process.stdout:
             said.append(line)
             if "Spark Connect server up" in line:
                 break
-        warmed = next((line for line in said if "server warmed up" in line), "")
-        assert re.search(r"\(([1-9]\d*) micro-batches\)", warmed), "".join(said)
-        assert not list(folder.glob("warm-up-*")), "the warm-up's data is gone"
         yield server
     finally:
         process.send_signal(signal.SIGTERM)
@@ -121,6 +120,19 @@ def test_on_spark_connect_a_dead_runs_query_commits_nothing_and_stops_and_the_ne
         results = sink.read_results().to_pandas()
     oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
     assert_same(results, oracle, ["customer_id"])
+
+
+def test_a_warm_up_leaves_the_process_that_asked_for_it_free_to_start_a_local_spark(
+    connect: servers.SparkServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Connect client marks its process as one; the warm-up's client is a process of its
+    own, so the demo's (and a bench's) later local Sparks still start."""
+    monkeypatch.delenv("SPARK_CONNECT_MODE_ENABLED", raising=False)
+    said: list[str] = []
+    warm_up_server(connect.url, tmp_path, 1, said.append)
+    assert re.search(r"server warmed up in \d+ s \([1-9]\d* micro-batches\)", said[-1]), said
+    assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_launch_setting_for_a_connect_server_is_refused_by_name() -> None:

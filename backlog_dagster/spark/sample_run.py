@@ -6,11 +6,12 @@ Two things want a JVM to have done what runs do before any run comes:
   while it ran this, so later drivers map them instead of loading them;
 - a long-lived Spark Connect server warms up with it (``warm_up_server``): its JIT
   compiles the code that backlogs and realtime micro-batches run while nothing waits on
-  it. Measured here (2 cores, the three example pipelines' realtime queries at 0.5 s
-  and 20,000 records/s on one fresh server, one client after the other): the first
-  client saw p99 3.58 s with 1.62 cores busy, the next 1.10 s and 1.33 cores, the one
-  after 0.96 s and 1.10 cores; the C1 and C2 compilers used 0.4 of a core a minute into
-  the first.
+  it. On a fresh server the C1 and C2 compilers took 0.4 of a core a minute into the
+  first pipelines' realtime. The example under ``dagster dev`` on a shared server
+  (``bench/e2e.py``, 2 cores, medians of three, alternating): every pipeline within a
+  second of its input 74.9 s after the start on a warmed server, 99.9 s on one that was
+  not, and the server took 1.35 to 1.42 cores for the three realtime queries against
+  1.49 to 1.51.
 
 A run is: a reference-workload log in ``folder``, each sample pipeline's backlog over
 it, then their realtime queries side by side while records are appended at ``live_rate``
@@ -20,6 +21,10 @@ windows) and sliding windows per region with every aggregation function.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -179,23 +184,43 @@ def warm_up_server(url: str, folder: Path, seconds: float, log: Callable[[str], 
     """Warm the Spark Connect server at ``url`` with a sample run (its realtime part
     ``seconds`` long), its data in a scratch folder under ``folder`` (on the server's
     host, where its ``foreachBatch`` opens the sample's sink). A failed warm-up leaves
-    the server as it is, and says why: the server still serves, unwarmed."""
-    import shutil
-    import tempfile
+    the server as it is, and says why: the server still serves, unwarmed.
 
-    from backlog_dagster.spark.session import get_session
-
+    The sample runs in a Python process of its own: a Spark Connect client marks its
+    process as one (PySpark sets ``SPARK_CONNECT_MODE_ENABLED`` in its environment), and
+    a local Spark started later from that process, or from any process it starts (the
+    demo's ``dagster dev``), would then fail asking for a Connect URL.
+    """
     started = time.monotonic()
     records = int(BACKLOG_PER_LIVE * WARM_UP_LIVE_RATE * seconds)
     log(f"warming the server up: a backlog of {records:,} records, then {seconds:g} s of realtime")
     scratch = Path(tempfile.mkdtemp(prefix="warm-up-", dir=folder))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", __name__, url, str(scratch), str(records), str(seconds)],
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    said = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not said or not said[-1].isdigit():
+        error = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        log(f"the warm-up failed ({error}); the server serves unwarmed")
+        return
+    log(f"server warmed up in {time.monotonic() - started:.0f} s ({said[-1]} micro-batches)")
+
+
+def _warm_up(url: str, scratch: Path, records: int, seconds: float) -> None:
+    """The warm-up's own process: the sample run on the server; prints its micro-batches."""
+    from backlog_dagster.spark.session import get_session
+
     spark = get_session(url, app_name="backlog-dagster-warm-up")
     try:
-        batches = run_sample(spark, scratch, records, WARM_UP_LIVE_RATE, seconds)
-    except Exception as error:  # the server serves either way
-        log(f"the warm-up failed ({type(error).__name__}: {error}); the server serves unwarmed")
-    else:
-        log(f"server warmed up in {time.monotonic() - started:.0f} s ({batches} micro-batches)")
+        print(run_sample(spark, scratch, records, WARM_UP_LIVE_RATE, seconds), flush=True)
     finally:
         spark.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    _warm_up(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))
