@@ -64,7 +64,9 @@ other, and a Spark start, to set the target: time to fresh within 1.5 times thei
 
 With ``--timeline``, each run's lag, CPU by role each second and (on a shared server,
 from its event log) every micro-batch's durations go to ``<date>-e2e-<cases>-timeline.json``
-beside the figures.
+beside the figures. Each run's figures go to a file beside the scratch folder as it
+ends; should a later step fail, ``--resume FILE`` (with the same ``--case`` and
+``--repeat``) runs only the in-process part and writes the figures from them.
 
 Writes ``bench/results/<date>-e2e.json`` and its section of ``BENCHMARKS.md``.
 """
@@ -173,6 +175,13 @@ def main() -> None:
         help="also keep each run's lag, CPU by role and (shared Spark) micro-batches over "
         "time, in <date>-e2e-<cases>-timeline.json",
     )
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUNS_JSON",
+        help="the runs a bench that failed after them kept (it says where): only the "
+        "in-process part runs, then the figures are written",
+    )
     args = parser.parse_args()
     cases = args.case or list(DEFAULT_CASES)
     scratch = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
@@ -183,7 +192,11 @@ def main() -> None:
         # The runs so far, should a later step fail (the file stays then).
         kept = scratch.with_name(f"{scratch.name}-runs.json")
         print(f"runs so far go to {kept}", flush=True)
-        for rep in range(args.repeat):
+        if args.resume:
+            resumed = json.loads(args.resume.read_text())
+            runs, timelines = resumed["runs"], resumed["timelines"]
+            kept = args.resume
+        for rep in range(0 if args.resume else args.repeat):
             for case in cases:
                 with class_archive_aside(case in WITHOUT_CLASS_ARCHIVE):
                     run = one_run(
@@ -212,6 +225,7 @@ def main() -> None:
         "runs": runs,
         "in_process": in_process,
         "bench_seconds": round(time.perf_counter() - started, 1),
+        "resumed_from": None if args.resume is None else args.resume.name,
     }
     if args.case:
         suffix = "-".join(cases)
