@@ -30,6 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import realtime
 from report import machine_line, publish
 from run import EXAMPLES, PRESETS, _latency_at, machine
 
@@ -91,14 +92,9 @@ def main() -> None:
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``bench/realtime.py``'s medians over runs, and the server's time to be up."""
     return {
-        "p99_s": statistics.median(r["p99_s"] for r in rows),
-        "p99_s_runs": [round(r["p99_s"], 3) for r in rows],
-        "p99_s_by_pipeline": {
-            p: statistics.median(r["p99_s_by_pipeline"][p] for r in rows) for p in EXAMPLES
-        },
-        "p50_s": statistics.median(r["p50_s"] for r in rows),
-        "cpu_cores": statistics.median(r["cpu_cores_while_appending"] for r in rows),
+        **realtime.summarize(rows),
         "server_up_s": statistics.median(r["server_up_s"] for r in rows),
     }
 

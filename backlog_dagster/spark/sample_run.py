@@ -85,7 +85,6 @@ def run_sample(
     backlog_records: int,
     live_rate: int,
     realtime_s: float,
-    log: Callable[[str], None] = lambda _: None,
 ) -> int:
     """The sample pipelines' backlogs over ``backlog_records`` records, then their
     realtime queries side by side, each for ``realtime_s`` from its first micro-batch,
@@ -104,7 +103,6 @@ def run_sample(
         for config in configs:
             with open_sink(config) as sink:
                 run_backlog(spark, config, sink, log=lambda _: None)
-            log(f"{config.name}: backlog of {backlog_records:,} records done")
         stop = threading.Event()
         appending = threading.Thread(
             target=_append_live, args=(topic.path, live_rate, backlog_records, stop)
@@ -117,7 +115,6 @@ def run_sample(
         finally:
             stop.set()
             appending.join()
-        log(f"realtime at {live_rate:,} records/s for {realtime_s:g} s: {batches} micro-batches")
         return batches
     finally:
         topic.close()
