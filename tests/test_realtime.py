@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import signal
 import threading
 import time
@@ -20,7 +21,13 @@ from backlog_dagster.phases import micro_batch
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.lock import exclusive_run
 from backlog_dagster.phases.markers import continue_backlog, current_generation
-from backlog_dagster.phases.realtime import BacklogNotFinished, read_limit, run_realtime
+from backlog_dagster.phases.query_start import QueryStart, write_start
+from backlog_dagster.phases.realtime import (
+    BacklogNotFinished,
+    armed_realtime,
+    read_limit,
+    run_realtime,
+)
 from backlog_dagster.phases.standby import await_switch
 from backlog_dagster.phases.transform import partial_results, read_schema
 from backlog_dagster.pipeline.config import PipelineConfig
@@ -101,16 +108,92 @@ def test_a_micro_batch_lands_only_in_the_generation_its_query_started_in(
     progress: it touches neither the batch nor the sink."""
     make_topic(records=100, buckets=1)
     config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    checkpoint = tmp_path / "checkpoint"
     with open_sink(config) as sink:
         first = sink.start_generation({0: (0, 100)}, "first start", "d").number
         newer = sink.start_generation({0: (0, 200)}, "went back", "d")
+        write_start(checkpoint, QueryStart(first, {0: 100}))
+        log_offsets(checkpoint, 0, {"0": 150})
         with exclusive_run(sink, config, "realtime", holder="realtime run test"):
             commit = micro_batch.MicroBatchCommit(
-                config, holder="realtime run test", generation=first
+                config, holder="realtime run test", checkpoint=str(checkpoint)
             )
             commit(None, 0)  # type: ignore[arg-type]
         held = sink.current_generation()
     assert held == newer
+
+
+def log_offsets(checkpoint: Path, batch_id: int, offsets: dict[str, int]) -> None:
+    """A micro-batch's end offsets as Spark logs them in the query's checkpoint."""
+    (checkpoint / "offsets").mkdir(parents=True, exist_ok=True)
+    metadata = '{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}'
+    text = f"v1\n{metadata}\n{json.dumps(offsets)}"
+    (checkpoint / "offsets" / str(batch_id)).write_text(text)
+
+
+def test_a_query_waiting_for_its_start_ends_once_its_run_stops_beating(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """On a shared Spark the query of a killed standby would wait on for ever: its empty
+    micro-batches while it waits check that the run that armed it still beats."""
+    make_topic(records=100, buckets=1)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS, switch={"heartbeat_timeout": 0.2})
+    checkpoint = tmp_path / "checkpoint"
+    log_offsets(checkpoint, 0, {"waiting": 1})
+    commit = micro_batch.MicroBatchCommit(
+        config, holder="realtime run test", checkpoint=str(checkpoint), run_id="run-1"
+    )
+    with open_sink(config) as sink:
+        sink.beat("run-1")
+        commit(None, 0)  # type: ignore[arg-type]  # it beats: the batch is let be
+        time.sleep(0.4)
+        with pytest.raises(micro_batch.RunGone, match="run-1"):
+            commit(None, 0)  # type: ignore[arg-type]
+        assert sink.current_generation() is None  # nothing was touched
+
+
+def test_an_armed_query_reads_nothing_until_the_switch_then_goes_on_exactly(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """The standby arms its query while the backlog runs: Spark plans and runs it, but
+    it reads nothing until ``run_realtime`` writes where it starts; from there on it is
+    the realtime query, exactly once."""
+    topic = make_topic(records=30_000, buckets=2)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS, realtime={"checkpoint_interval": 0.3})
+    checkpoint = tmp_path / "checkpoint"
+    said: list[str] = []
+    with (
+        open_sink(config) as sink,
+        open_sink(config) as status_sink,
+        armed_realtime(spark, config, checkpoint_dir=checkpoint, log=said.append) as armed,
+    ):
+        run_backlog(spark, config, sink, log=print)
+        markers = reached(config)
+        append_orders(topic, 5_000)
+        time.sleep(2)  # micro-batch triggers pass: nothing is read or committed
+        assert armed.query.isActive and reached(config) == markers
+        waited = [str(p["sources"][0]["endOffset"]) for p in armed.query.recentProgress]
+        assert waited and all('"waiting"' in offsets for offsets in waited), waited
+
+        def caught_up() -> bool:
+            return reached(config) == topic.latest_offsets()
+
+        append_orders(topic, 5_000)
+        run_realtime(
+            spark,
+            config,
+            sink,
+            status_sink,
+            checkpoint_dir=checkpoint,
+            should_stop=caught_up,
+            log=said.append,
+            armed=armed,
+        )
+    assert any("the query armed before the switch" in line for line in said)
+    with open_sink(config) as sink:
+        results = sink.read_results().to_pandas()
+    oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
+    assert_same(results, oracle, ["customer_id"])
 
 
 def test_realtime_refuses_to_start_before_the_backlog_is_done(

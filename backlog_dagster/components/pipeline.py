@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
@@ -377,7 +377,7 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
             realtime_reporter,
         )
         from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG
-        from backlog_dagster.phases.realtime import run_realtime
+        from backlog_dagster.phases.realtime import armed_realtime, run_realtime
         from backlog_dagster.phases.standby import await_switch, warm_up
 
         checkpoint = (
@@ -391,9 +391,29 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
                 open_sink(pipeline) as sink,
                 open_sink(pipeline) as status_sink,
                 pipeline_spark(pipeline, "realtime", config.spark_conf) as spark,
+                ExitStack() as standby,
             ):
+                # The run's spark_conf over the YAML's, so that the phase leaves its keys alone.
+                spark_conf = {**pipeline.realtime.spark_conf, **config.spark_conf}
+                run_pipeline = pipeline.model_copy(
+                    update={
+                        "realtime": pipeline.realtime.model_copy(update={"spark_conf": spark_conf})
+                    }
+                )
+                armed = None
                 if config.standby_for_generation is not None:
                     warm_up(spark, pipeline, status_sink)
+                    armed = standby.enter_context(
+                        armed_realtime(
+                            spark,
+                            run_pipeline,
+                            checkpoint_dir=checkpoint,
+                            run_id=context.run.run_id,
+                            log=context.log.info,
+                            checkpoint_interval=config.checkpoint_interval,
+                            shuffle_partitions=config.shuffle_partitions,
+                        )
+                    )
                     if not await_switch(
                         pipeline,
                         status_sink,
@@ -414,18 +434,9 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
                 report = realtime_reporter(
                     key, status_sink, pipeline.switch.report_every, context.log_event
                 )
-
-                # The run's spark_conf over the YAML's, so that the phase leaves its keys alone.
-                spark_conf = {**pipeline.realtime.spark_conf, **config.spark_conf}
                 status = run_realtime(
                     spark,
-                    pipeline.model_copy(
-                        update={
-                            "realtime": pipeline.realtime.model_copy(
-                                update={"spark_conf": spark_conf}
-                            )
-                        }
-                    ),
+                    run_pipeline,
                     sink,
                     status_sink,
                     checkpoint_dir=checkpoint,
@@ -435,6 +446,7 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
                     status_every_s=pipeline.switch.status_every,
                     checkpoint_interval=config.checkpoint_interval,
                     shuffle_partitions=config.shuffle_partitions,
+                    armed=armed,
                 )
                 ended = realtime_ended_metadata(status, status_sink)
             yield dg.MaterializeResult(metadata=ended)

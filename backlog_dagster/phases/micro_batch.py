@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from backlog_dagster.log.schema import TIMESTAMP
 from backlog_dagster.phases.bad_records import BadRecord, collect, refuse_bad_records
 from backlog_dagster.phases.lag import lateness_us, watermark_lag
+from backlog_dagster.phases.query_start import read_start
 from backlog_dagster.phases.reference import Reference, read_reference
 from backlog_dagster.phases.transform import (
     BucketSeen,
@@ -54,7 +55,7 @@ from backlog_dagster.sink import (
 )
 from backlog_dagster.source import Source, open_source
 from backlog_dagster.spark.records import APPENDED_COLUMN, BUCKET_COLUMN, OFFSET_COLUMN
-from backlog_dagster.spark.source import read_here
+from backlog_dagster.spark.source import read_here, waiting
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -121,28 +122,34 @@ class MicroBatchCommit:
     config: PipelineConfig
     #: The run lock holder of the run that started the query.
     holder: str
-    #: The query's checkpoint folder, on the machine where Spark runs the query.
+    #: The query's checkpoint folder, on the machine where Spark runs the query; its
+    #: run writes the generation the query commits into (no other) and where it starts
+    #: there (``phases.query_start``).
     checkpoint: str = ""
-    #: Where the query started, per bucket: the first micro-batch's start.
-    starting: Mapping[int, int] = field(default_factory=dict)
     #: The query's read limit (records per micro-batch; None: none).
     read_limit: int | None = None
-    #: The generation the query was started in (set where it starts): it commits into
-    #: no other.
-    generation: int | None = None
+    #: The Dagster run that started the query, if one did: while the query waits for its
+    #: start, it ends once that run stops beating.
+    run_id: str | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         sink = _sink_for(self.config)
+        checkpoint = Path(self.checkpoint)
+        end = _logged_offsets(checkpoint, batch_id)
+        if end is None:
+            self._check_still_wanted(sink)
+            return
         _await_own_lock(sink, self.holder, self.config.name)
+        begun = read_start(checkpoint)
         held = sink.current_generation()
-        assert held is not None
-        if held.number != self.generation:
+        assert held is not None and begun is not None  # Spark read from the start on
+        if held.number != begun.generation:
             # A newer generation (the switch went back, or a reset) took over from its
             # progress: a batch of this query is not to land in it. The run sees the new
             # generation itself and stops its query.
             return
         started = time.monotonic()
-        start, end = batch_range(Path(self.checkpoint), batch_id, self.starting)
+        start = batch_start(checkpoint, batch_id, begun.offsets)
         with open_source(self.config) as topic:
             most = READ_HERE_MAX_RECORDS[self.config.transform.window is not None]
             records, as_arrow = _records_of(batch, topic, start, end, most)
@@ -158,6 +165,20 @@ class MicroBatchCommit:
         finally:
             if kept:
                 records.unpersist()
+
+    def _check_still_wanted(self, sink: Sink) -> None:
+        """A query waiting for its start whose run stopped beating fails, which ends it:
+        on a shared Spark a run killed while its query waited leaves the query behind."""
+        if self.run_id is None:
+            return
+        beat = sink.last_beat(self.run_id)
+        silent = None if beat is None else time.time() - beat
+        if silent is not None and silent > self.config.switch.heartbeat_timeout:
+            raise RunGone(
+                f"pipeline {self.config.name}: run {self.run_id}, which started this "
+                f"realtime query, has been silent for {silent:.0f} s; the query stops "
+                "before it began"
+            )
 
     def _commit(
         self,
@@ -266,26 +287,26 @@ def _records_of(
     return records, table
 
 
-def batch_range(
-    checkpoint: Path, batch_id: int, starting: Mapping[int, int]
-) -> tuple[dict[int, int], dict[int, int]]:
-    """``(start, end)`` per bucket of micro-batch ``batch_id``, as the query planned it.
+def batch_start(checkpoint: Path, batch_id: int, starting: Mapping[int, int]) -> dict[int, int]:
+    """Where micro-batch ``batch_id`` starts, per bucket, as the query planned it: where
+    the one before ended, or ``starting`` (where the query started) for the first batch
+    that read anything.
 
     Spark writes each micro-batch's end offsets to ``<checkpoint>/offsets/<id>`` before
     it runs the batch (its offset log: a version line, the batch's metadata, then one
-    line per source, ours as the JSON the stream reader returned). A batch starts where
-    the one before ended, the first where the query started.
+    line per source, ours as the JSON the stream reader returned).
     """
-    end = _logged_offsets(checkpoint, batch_id)
-    start = dict(starting) if batch_id == 0 else _logged_offsets(checkpoint, batch_id - 1)
-    return start, end
+    before = None if batch_id == 0 else _logged_offsets(checkpoint, batch_id - 1)
+    return dict(starting) if before is None else before
 
 
-def _logged_offsets(checkpoint: Path, batch_id: int) -> dict[int, int]:
+def _logged_offsets(checkpoint: Path, batch_id: int) -> dict[int, int] | None:
+    """Micro-batch ``batch_id``'s end offsets; None while its query waited for its start."""
     path = checkpoint / "offsets" / str(batch_id)
     try:
         lines = path.read_text().splitlines()
-        return {int(b): int(o) for b, o in json.loads(lines[2]).items()}
+        logged = json.loads(lines[2])
+        return None if waiting(logged) else {int(b): int(o) for b, o in logged.items()}
     except (OSError, IndexError, ValueError, AttributeError) as error:
         raise RuntimeError(
             f"cannot read micro-batch {batch_id}'s offsets from the query's checkpoint "

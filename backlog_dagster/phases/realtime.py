@@ -29,11 +29,11 @@ arrival, and the watermark is taken at the committed progress when the batch run
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -51,12 +51,13 @@ from backlog_dagster.phases.micro_batch import (
     unreachable_in,
 )
 from backlog_dagster.phases.progress import realtime_lag
+from backlog_dagster.phases.query_start import QueryStart, start_file, write_start
 from backlog_dagster.phases.transform import check_against_source, read_schema
 from backlog_dagster.phases.truncation import handle_truncation, removed_unread
 from backlog_dagster.phases.watermark import judged_by_arrival
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation, Sink, SinkUnreachable
-from backlog_dagster.source import open_source
+from backlog_dagster.source import Source, open_source
 from backlog_dagster.spark.session import runs_elsewhere
 
 if TYPE_CHECKING:
@@ -134,19 +135,21 @@ def run_realtime(
     status_every_s: float = 5.0,
     checkpoint_interval: float | None = None,
     shuffle_partitions: int | None = None,
+    armed: ArmedQuery | None = None,
 ) -> RealtimeStatus:
     """Run micro-batches until ``should_stop()``; ``status_sink`` is a second connection.
+    ``armed``: the query ``armed_realtime`` started for this run (same config, checkpoint
+    folder, interval and shuffle partitions), to go on with instead of starting one.
 
     Refused (``PhaseAlreadyRunning``) while another run of the pipeline is going.
     """
-    holder = f"realtime run {uuid.uuid4().hex[:12]}"
+    holder = _new_holder() if armed is None else armed.holder
     with exclusive_run(sink, config, "realtime", holder=holder):
         return _run_realtime(
             spark,
             config,
-            MicroBatchCommit(
-                sources.for_other_processes(sinks.for_other_processes(config)), holder
-            ),
+            _commit_for(config, holder),
+            None if armed is None else armed.query,
             sink,
             status_sink,
             checkpoint_dir,
@@ -159,10 +162,95 @@ def run_realtime(
         )
 
 
+@dataclass(frozen=True)
+class ArmedQuery:
+    """A realtime query started before it is known where it starts (``armed_realtime``)."""
+
+    query: StreamingQuery
+    #: The run lock holder its commits check for: the run that goes on with it.
+    holder: str
+
+
+@contextmanager
+def armed_realtime(
+    spark: SparkSession,
+    config: PipelineConfig,
+    *,
+    checkpoint_dir: Path,
+    run_id: str | None = None,
+    log: Callable[[str], None] = print,
+    checkpoint_interval: float | None = None,
+    shuffle_partitions: int | None = None,
+) -> Iterator[ArmedQuery]:
+    """Start the pipeline's realtime query reading nothing, for ``run_realtime`` to go
+    on with once the switch says where it starts (``phases.query_start``): the standby
+    run's, so that the switch does not wait for a query to start. ``run_id``: the
+    Dagster run arming it; the query ends if that run stops beating before the switch.
+    The query stops on leaving the context, if it is still going.
+    """
+    with open_source(config) as topic:
+        schema = _query_schema(spark, config, topic)
+        reader = topic.stream_reader(spark)
+    interval = _apply_settings(spark, config, checkpoint_interval, shuffle_partitions, log)
+    holder = _new_holder()
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    query = _start_query(
+        reader,
+        config,
+        schema,
+        replace(_commit_for(config, holder), run_id=run_id),
+        interval,
+        checkpoint_dir,
+    )
+    log(f"realtime: query armed (micro-batches every {interval:g} s); it reads from the switch on")
+    try:
+        yield ArmedQuery(query, holder)
+    finally:
+        query.stop()
+
+
+def _new_holder() -> str:
+    return f"realtime run {uuid.uuid4().hex[:12]}"
+
+
+def _commit_for(config: PipelineConfig, holder: str) -> MicroBatchCommit:
+    return MicroBatchCommit(sources.for_other_processes(sinks.for_other_processes(config)), holder)
+
+
+def _query_schema(spark: SparkSession, config: PipelineConfig, topic: Source) -> str | None:
+    """Check the pipeline against the source (and that Spark reaches it); the schema the
+    query reads in."""
+    check_against_source(config, topic)
+    if runs_elsewhere(spark):
+        topic.check_reachable(spark)
+    return read_schema(
+        config,
+        topic,
+        arrival=config.transform.window is not None and judged_by_arrival(config, topic),
+    )
+
+
+def _apply_settings(
+    spark: SparkSession,
+    config: PipelineConfig,
+    checkpoint_interval: float | None,
+    shuffle_partitions: int | None,
+    log: Callable[[str], None],
+) -> float:
+    """Set the streaming settings on the session (a query keeps those it started with);
+    the checkpoint interval (s)."""
+    settings = streaming_settings(config, shuffle_partitions)
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    log("realtime: Spark settings " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    return checkpoint_interval or config.realtime.checkpoint_interval
+
+
 def _run_realtime(
     spark: SparkSession,
     config: PipelineConfig,
     commit: MicroBatchCommit,
+    armed: StreamingQuery | None,
     sink: Sink,
     status_sink: Sink,
     checkpoint_dir: Path,
@@ -174,14 +262,7 @@ def _run_realtime(
     shuffle_partitions: int | None,
 ) -> RealtimeStatus:
     with open_source(config) as topic:
-        check_against_source(config, topic)
-        if runs_elsewhere(spark):
-            topic.check_reachable(spark)
-        schema = read_schema(
-            config,
-            topic,
-            arrival=config.transform.window is not None and judged_by_arrival(config, topic),
-        )
+        schema = _query_schema(spark, config, topic)
         generation = current_generation(sink, topic, config, log)
         generation = handle_truncation(sink, topic, config, generation, log)
         # A new reader each time the query (re)starts below.
@@ -194,25 +275,24 @@ def _run_realtime(
             f"pipeline {config.name}: the backlog has not reached the markers yet "
             f"(records left per bucket: {left}); run the backlog first"
         )
-    settings = streaming_settings(config, shuffle_partitions)
-    for key, value in settings.items():
-        spark.conf.set(key, value)
-    log("realtime: Spark settings " + ", ".join(f"{k}={v}" for k, v in settings.items()))
-    interval = checkpoint_interval or config.realtime.checkpoint_interval
+    interval = _apply_settings(spark, config, checkpoint_interval, shuffle_partitions, log)
     status = RealtimeStatus()
     counts = _Counts.now(status_sink)
     while True:
-        start = {str(b): s.reached for b, s in sorted(generation.buckets.items())}
-        log(f"realtime: starting at offsets {start}, micro-batches every {interval:g} s")
-        query = _start_query(
-            new_stream_reader(spark),
-            config,
-            schema,
-            start,
-            replace(commit, generation=generation.number),
-            interval,
-            checkpoint_dir,
-        )
+        start = QueryStart(generation.number, _reached(generation))
+        said = f"realtime: starting at offsets {start.offsets}, micro-batches every {interval:g} s"
+        if armed is not None and armed.isActive:
+            log(f"{said} (the query armed before the switch)")
+            write_start(checkpoint_dir, start)
+            query = armed
+        else:
+            log(said)
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
+            write_start(checkpoint_dir, start)
+            query = _start_query(
+                new_stream_reader(spark), config, schema, commit, interval, checkpoint_dir
+            )
+        armed = None
         try:
             next_report = time.monotonic()
             while not should_stop():
@@ -279,19 +359,14 @@ def _start_query(
     reader: DataStreamReader,
     config: PipelineConfig,
     schema: str | None,
-    start: dict[str, int],
     commit: MicroBatchCommit,
     interval: float,
     checkpoint_dir: Path,
 ) -> StreamingQuery:
-    stream = reader.option("startingOffsets", json.dumps(start))
+    """The query, reading from where its start file says once it exists."""
+    stream = reader.option("startingOffsetsFile", str(start_file(checkpoint_dir)))
     limit = read_limit(config, interval)
-    commit = replace(
-        commit,
-        checkpoint=str(checkpoint_dir),
-        starting={int(b): o for b, o in start.items()},
-        read_limit=limit,
-    )
+    commit = replace(commit, checkpoint=str(checkpoint_dir), read_limit=limit)
     if schema:
         stream = stream.schema(schema)
     if limit is not None:

@@ -14,6 +14,14 @@ Options (all optional but ``path``, or what the source's own package names):
   buckets the JSON leaves out start at their earliest offset.
 - ``startingTimestamp``: ISO-8601 time; each bucket starts at its first record at or
   after it. Overrides ``startingOffsets``.
+- ``startingOffsetsFile`` (streaming): a JSON file whose ``startingOffsets`` key holds
+  the starting offsets as that option's JSON does (other keys are its writer's). Until
+  the file exists the query reads nothing: its offsets are ``{"waiting": n}``, ``n``
+  moving on every ``WAITING_BEAT_S`` seconds (an empty micro-batch each time, so its
+  ``foreachBatch`` function can tell whether it is still wanted); once it exists the
+  query goes on from the offsets it holds. It lets a query start (Spark's Python workers
+  up, its plan made) before anyone knows where it should start. Write it once and
+  atomically (a temporary file, then a rename). Overrides the two options above.
 - ``endingOffsets`` (batch only): ``latest`` (default) or JSON; buckets left out end at
   their latest offset.
 - ``maxRecordsPerTrigger`` (streaming): a read limit per micro-batch, shared out evenly
@@ -35,6 +43,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -82,6 +92,16 @@ MIN_TASKS_PER_READ = 8
 MIN_RECORDS_PER_TASK = 100_000
 
 Offsets = dict[str, int]
+
+#: The key of a stream's offsets while its ``startingOffsetsFile`` does not exist yet.
+WAITING = "waiting"
+#: How often a waiting stream's offsets move on (s).
+WAITING_BEAT_S = 10.0
+
+
+def waiting(offsets: Mapping[str, Any]) -> bool:
+    """Whether ``offsets`` are a stream's while it waits for its ``startingOffsetsFile``."""
+    return WAITING in offsets
 
 
 @dataclass(frozen=True)
@@ -176,8 +196,23 @@ class _Plan:
     def source(self) -> Source:
         return self.open_source(self.options)
 
-    def starting_offsets(self, topic: Source) -> Offsets:
+    def starting_offsets(self, topic: Source) -> Offsets | None:
+        """Where a read starts; None while its ``startingOffsetsFile`` does not exist."""
         bounds = topic.bounds()
+        path = _option(self.options, "startingOffsetsFile")
+        if path is not None:
+            try:
+                with open(path) as file:
+                    spec = json.dumps(json.load(file)["startingOffsets"])
+            except FileNotFoundError:
+                return None
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                raise ValueError(
+                    f"option startingOffsetsFile: {path} must hold a JSON object with "
+                    f"startingOffsets: {error}"
+                ) from error
+            given = _offsets_option("startingOffsets", spec, bounds)
+            return _sorted({b: given.get(b, v.earliest) for b, v in bounds.items()})
         moment = _option(self.options, "startingTimestamp")
         if moment is not None:
             micros = _timestamp_us(moment)
@@ -189,6 +224,12 @@ class _Plan:
             return _sorted({b: v.latest for b, v in bounds.items()})
         given = _offsets_option("startingOffsets", spec, bounds)
         return _sorted({b: given.get(b, v.earliest) for b, v in bounds.items()})
+
+    def start_written(self) -> bool:
+        """Whether the ``startingOffsetsFile`` exists, if there is one (checked before
+        the source is opened: a waiting query asks each trigger)."""
+        path = _option(self.options, "startingOffsetsFile")
+        return path is None or os.path.exists(path)
 
     @property
     def buckets(self) -> set[str] | None:
@@ -241,6 +282,8 @@ class BatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         with self.plan.source() as topic:
             start = self.plan.starting_offsets(topic)
+            if start is None:
+                raise ValueError("option startingOffsetsFile is for streaming reads")
             bounds = topic.bounds()
             spec = _option(self.plan.options, "endingOffsets", "latest").strip()
             given = {} if spec == "latest" else _offsets_option("endingOffsets", spec, bounds)
@@ -265,8 +308,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: Offsets | None = None
 
     def initialOffset(self) -> dict:
-        with self.plan.source() as topic:
-            return self.plan.starting_offsets(topic)
+        return self._started({WAITING: 0})
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.max_records is None:
@@ -277,6 +319,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = self._available()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        start = self._started(start)
+        if waiting(start):
+            return {WAITING: int(time.time() // WAITING_BEAT_S)}
         available = self._target if self._target is not None else self._available()
         begin = self._begin(start, available)
         if not isinstance(limit, ReadMaxRows):
@@ -289,7 +334,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._available()
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        return self.plan.partitions(self._begin(start, end), end)
+        if waiting(end):
+            return [Ranges(())]
+        return self.plan.partitions(self._begin(self._started(start), end), end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self.plan.read(partition)
@@ -300,6 +347,15 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _available(self) -> Offsets:
         with self.plan.source() as topic:
             return _sorted(topic.latest_offsets())
+
+    def _started(self, offsets: dict) -> dict:
+        """``offsets``, or where the query starts if they are still waiting for it (the
+        ``startingOffsetsFile`` is read each time until it exists)."""
+        if not waiting(offsets) or not self.plan.start_written():
+            return offsets
+        with self.plan.source() as topic:
+            start = self.plan.starting_offsets(topic)
+        return offsets if start is None else start
 
     def _begin(self, start: Mapping[str, int], known: Mapping[str, int]) -> Offsets:
         """``start`` with buckets it lacks (added since) at their earliest offset."""
