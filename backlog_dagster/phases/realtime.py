@@ -217,11 +217,13 @@ def _commit_for(config: PipelineConfig, holder: str) -> MicroBatchCommit:
     return MicroBatchCommit(sources.for_other_processes(sinks.for_other_processes(config)), holder)
 
 
-def _query_schema(spark: SparkSession, config: PipelineConfig, topic: Source) -> str | None:
-    """Check the pipeline against the source (and that Spark reaches it); the schema the
-    query reads in."""
+def _query_schema(
+    spark: SparkSession, config: PipelineConfig, topic: Source, reach: bool = True
+) -> str | None:
+    """Check the pipeline against the source (and, with ``reach``, that Spark's executors
+    reach it: a Spark job); the schema the query reads in."""
     check_against_source(config, topic)
-    if runs_elsewhere(spark):
+    if reach and runs_elsewhere(spark):
         topic.check_reachable(spark)
     return read_schema(
         config,
@@ -262,7 +264,8 @@ def _run_realtime(
     shuffle_partitions: int | None,
 ) -> RealtimeStatus:
     with open_source(config) as topic:
-        schema = _query_schema(spark, config, topic)
+        # An armed query's source was reached when it was armed: not again at the switch.
+        schema = _query_schema(spark, config, topic, reach=armed is None)
         generation = current_generation(sink, topic, config, log)
         generation = handle_truncation(sink, topic, config, generation, log)
         # A new reader each time the query (re)starts below.
