@@ -34,7 +34,11 @@ shipped. Two cases, alternating, ``repeat`` runs each:
   of both cuts, in the same run.
 
 ``--case`` runs only the cases named; their figures go to a file and a section of their
-own (``<date>-e2e-<cases>.json``).
+own (``<date>-e2e-<cases>.json``). ``--baseline CHECKOUT`` runs each case a second time
+on the code of another checkout of the project (a git worktree of the commit before a
+change, sharing this one's ``.venv``: its folder goes first on ``PYTHONPATH`` for every
+process of the run), alternating with this checkout's runs, as ``<case>@baseline``:
+a change measured against what it changed in the same run, on the same machine state.
 
 Timed from ``dagster dev``'s start, per pipeline:
 
@@ -176,6 +180,13 @@ def main() -> None:
         "time, in <date>-e2e-<cases>-timeline.json",
     )
     parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="CHECKOUT",
+        help="also run each case on the code of another checkout of the project (a git "
+        "worktree of the commit before a change), alternating with this one's runs",
+    )
+    parser.add_argument(
         "--resume",
         type=Path,
         metavar="RUNS_JSON",
@@ -184,10 +195,18 @@ def main() -> None:
     )
     args = parser.parse_args()
     cases = args.case or list(DEFAULT_CASES)
+    baseline = None if args.baseline is None else _commit_of(args.baseline)
+    variants = [
+        (case, code)
+        for case in cases
+        for code in ([None] if args.baseline is None else [None, args.baseline.resolve()])
+    ]
     scratch = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
     started = time.perf_counter()
     try:
-        runs: dict[str, list[dict[str, Any]]] = {case: [] for case in cases}
+        runs: dict[str, list[dict[str, Any]]] = {
+            _variant(case, code): [] for case, code in variants
+        }
         timelines: dict[str, list[dict[str, Any]]] = {}
         # The runs so far, should a later step fail (the file stays then).
         kept = scratch.with_name(f"{scratch.name}-runs.json")
@@ -197,20 +216,22 @@ def main() -> None:
             runs, timelines = resumed["runs"], resumed["timelines"]
             kept = args.resume
         for rep in range(0 if args.resume else args.repeat):
-            for case in cases:
-                with class_archive_aside(case in WITHOUT_CLASS_ARCHIVE):
+            for case, code in variants:
+                name = _variant(case, code)
+                with class_archive_aside(case in WITHOUT_CLASS_ARCHIVE), code_of(code):
                     run = one_run(
-                        scratch / f"{case}-{rep}",
+                        scratch / f"{name}-{rep}",
                         args,
                         CASES[case],
                         seed=10 + rep,
                         shared_spark=case in SHARED_SPARK,
                         warm_up_s=0 if case in UNWARMED else DEFAULT_WARM_UP_S,
+                        project=code or ROOT,
                     )
                 if "timeline" in run:
-                    timelines.setdefault(case, []).append(run.pop("timeline"))
-                runs[case].append(run)
-                print(f"{case} run {rep + 1}: {json.dumps(run['pipelines'])}", flush=True)
+                    timelines.setdefault(name, []).append(run.pop("timeline"))
+                runs[name].append(run)
+                print(f"{name} run {rep + 1}: {json.dumps(run['pipelines'])}", flush=True)
                 kept.write_text(json.dumps({"runs": runs, "timelines": timelines}) + "\n")
         in_process = in_one_process(scratch / "in-process", args.records)
     finally:
@@ -226,9 +247,10 @@ def main() -> None:
         "in_process": in_process,
         "bench_seconds": round(time.perf_counter() - started, 1),
         "resumed_from": None if args.resume is None else args.resume.name,
+        "baseline_commit": baseline,
     }
     if args.case:
-        suffix = "-".join(cases)
+        suffix = "-".join(cases) + ("" if baseline is None else f"-against-{baseline}")
         path = publish(f"e2e-{suffix}", results, f"e2e.py {suffix}", _markdown(results))
     else:
         path = publish("e2e", results, "e2e.py", _markdown(results))
@@ -238,6 +260,44 @@ def main() -> None:
         print(f"wrote {timeline}")
     kept.unlink(missing_ok=True)
     print(f"wrote {path} and BENCHMARKS.md in {results['bench_seconds']:.0f} s")
+
+
+#: How a baseline run's case is named: ``<case>@baseline``.
+BASELINE = "@baseline"
+
+
+def _variant(case: str, code: Path | None) -> str:
+    return case if code is None else f"{case}{BASELINE}"
+
+
+def _commit_of(checkout: Path) -> str:
+    """The short commit a baseline checkout is at (it names the baseline in the report)."""
+    done = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+@contextlib.contextmanager
+def code_of(checkout: Path | None) -> Iterator[None]:
+    """The project's code from ``checkout`` for every process started in the block
+    (first on ``PYTHONPATH``: ``dagster dev``, its runs, a Connect server and its Python
+    workers all inherit it); None: this checkout's."""
+    if checkout is None:
+        yield
+        return
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), before]))
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 @contextlib.contextmanager
@@ -262,9 +322,11 @@ def one_run(
     seed: int,
     shared_spark: bool = False,
     warm_up_s: float = 0,
+    project: Path = ROOT,
 ) -> dict[str, Any]:
-    """The example under ``dagster dev`` from start until every pipeline held fresh; a
-    shared server is started (and warmed up for ``warm_up_s``) before ``dagster dev``."""
+    """The example (of the checkout at ``project``) under ``dagster dev`` from start
+    until every pipeline held fresh; a shared server is started (and warmed up for
+    ``warm_up_s``) before ``dagster dev``."""
     events = data.with_name(f"{data.name}-spark-events")
     with contextlib.ExitStack() as stack:
         server = None
@@ -282,7 +344,7 @@ def one_run(
                 connect_server(data / "spark-connect", conf=conf, warm_up_s=warm_up_s, log=print)
             )
             server_up_s = round(time.monotonic() - started, 1)
-        run = _one_run(data, args, changes, seed, server)
+        run = _one_run(data, args, changes, seed, server, project)
         if server is not None:
             run["server_up_s"] = server_up_s
     # The server has stopped: its event log is whole.
@@ -298,6 +360,7 @@ def _one_run(
     changes: dict[str, dict[str, Any]],
     seed: int,
     spark: SparkServer | None,
+    root: Path,
 ) -> dict[str, Any]:
     topic_path = data / "example" / "orders"
     _topic(topic_path, args.records).close()
@@ -310,7 +373,7 @@ def _one_run(
             attributes["spark_master"] = spark.url
         return True
 
-    copy_project(ROOT, project, edit)
+    copy_project(root, project, edit)
     configs = {
         name: with_paths_under(
             load_pipeline(project / "definitions" / "defs" / name / "defs.yaml"), data
@@ -746,6 +809,12 @@ LABELS = {
 }
 
 
+def _label(case: str, results: dict[str, Any]) -> str:
+    if case.endswith(BASELINE):
+        return f"{LABELS[case.removesuffix(BASELINE)]}, at {results['baseline_commit']}"
+    return LABELS[case]
+
+
 def _markdown(results: dict[str, Any]) -> str:
     cases = results["cases"]
     rows = []
@@ -753,7 +822,7 @@ def _markdown(results: dict[str, Any]) -> str:
         for pipeline in PIPELINES:
             f = cases[case][pipeline]
             rows.append(
-                f"| {LABELS[case]} | {pipeline} | {f['switch_s']} | {f['fresh_s']} | "
+                f"| {_label(case, results)} | {pipeline} | {f['switch_s']} | {f['fresh_s']} | "
                 f"{f['settled_s']} | {f['backlog_rounds']} | {f['backlog_records_per_s']:,} | "
                 f"{f.get('realtime_run_began_s')} | {f['switch_gap_s']} | {f['realtime_p99_s']} |"
             )
@@ -762,9 +831,9 @@ def _markdown(results: dict[str, Any]) -> str:
     parts = ", ".join(f"{name} {s:.1f} s" for name, s in in_process["backlog_s"].items())
     spark_start = in_process["spark_start_s"]
     fresh = "; ".join(
-        f"{LABELS[case]}: every pipeline fresh at {figures['fresh_s_all']} s, under 3 s of "
-        f"input at {figures['settled_s_all']} s, peak memory of every process at one moment "
-        f"{figures['memory_peak_mib_sum_of_all']:,.0f} MiB"
+        f"{_label(case, results)}: every pipeline fresh at {figures['fresh_s_all']} s, "
+        f"under 3 s of input at {figures['settled_s_all']} s, peak memory of every process "
+        f"at one moment {figures['memory_peak_mib_sum_of_all']:,.0f} MiB"
         + (
             f", the shared server up (before `dagster dev`) in {figures['server_up_s']} s"
             if "server_up_s" in figures
@@ -773,12 +842,15 @@ def _markdown(results: dict[str, Any]) -> str:
         for case, figures in cases.items()
     )
     cpu_lines = "\n".join(
-        _cpu_line(LABELS[case], figures["cpu_until_every_switch"])
+        _cpu_line(_label(case, results), figures["cpu_until_every_switch"])
         for case, figures in cases.items()
     )
     command = "bench/e2e.py"
-    if set(cases) != set(DEFAULT_CASES):
-        command += "".join(f" --case {c}" for c in cases)
+    named = [case for case in cases if not case.endswith(BASELINE)]
+    if set(named) != set(DEFAULT_CASES):
+        command += "".join(f" --case {c}" for c in named)
+    if results.get("baseline_commit"):
+        command += f" --baseline <checkout of {results['baseline_commit']}>"
     return f"""## The example as users run it (`{command}`)
 
 {results["date"][:10]}: every example pipeline under `dagster dev`, a
