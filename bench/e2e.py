@@ -283,17 +283,21 @@ def _commit_of(checkout: Path) -> str:
 
 @contextlib.contextmanager
 def code_of(checkout: Path | None) -> Iterator[None]:
-    """The project's code from ``checkout`` for every process started in the block
-    (first on ``PYTHONPATH``: ``dagster dev``, its runs, a Connect server and its Python
-    workers all inherit it); None: this checkout's."""
+    """The project's code from ``checkout`` for every process started in the block;
+    None: this checkout's. ``dagster dev`` and its runs find it first on ``PYTHONPATH``;
+    a Connect server's Python workers (``python -m``, without the server's
+    ``PYTHONPATH``) find it in their working folder, the server's, which is this
+    process's when it starts the server."""
     if checkout is None:
         yield
         return
-    before = os.environ.get("PYTHONPATH")
+    before, folder = os.environ.get("PYTHONPATH"), Path.cwd()
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), before]))
+    os.chdir(checkout)
     try:
         yield
     finally:
+        os.chdir(folder)
         if before is None:
             del os.environ["PYTHONPATH"]
         else:
