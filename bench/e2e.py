@@ -54,7 +54,8 @@ Timed from ``dagster dev``'s start, per pipeline:
 - ``switch_gap_s``: that last backlog commit to the first realtime one;
 - ``realtime_run_requested_s``, ``realtime_run_began_s``, ``standby_spark_up_s``,
   ``realtime_query_started_s``: when the first realtime run (a standby, as shipped) was
-  requested, began, had its Spark up and started its streaming query;
+  requested, began, had its Spark up (a standby: and its query armed) and started its
+  streaming query (a standby: let its armed query read);
 - ``realtime_p99_s``: append to visible result, every record appended from 30 s after
   the last pipeline was fresh to the end of the run (``bench/cases.py``'s
   ``record_latencies``).
