@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 #: of 8 (``bench/realtime.py``, medians of three). The FileSystem API writes each file
 #: the same way (a temporary file, then a rename: atomic on a local disk). A query's
 #: checkpoint is a folder of its own run on the machine where Spark runs
-#: (``phases.micro_batch.batch_range``).
+#: (``phases.micro_batch.batch_start``).
 SESSION_CONF: Mapping[str, str] = {
     "spark.sql.ansi.enabled": "false",
     "spark.sql.session.timeZone": "UTC",
