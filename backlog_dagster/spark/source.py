@@ -201,27 +201,19 @@ class _Plan:
         bounds = topic.bounds()
         path = _option(self.options, "startingOffsetsFile")
         if path is not None:
-            try:
-                with open(path) as file:
-                    spec = json.dumps(json.load(file)["startingOffsets"])
-            except FileNotFoundError:
+            spec = _offsets_in_file(path)
+            if spec is None:
                 return None
-            except (OSError, ValueError, KeyError, TypeError) as error:
-                raise ValueError(
-                    f"option startingOffsetsFile: {path} must hold a JSON object with "
-                    f"startingOffsets: {error}"
-                ) from error
-            given = _offsets_option("startingOffsets", spec, bounds)
-            return _sorted({b: given.get(b, v.earliest) for b, v in bounds.items()})
-        moment = _option(self.options, "startingTimestamp")
-        if moment is not None:
-            micros = _timestamp_us(moment)
-            return _sorted({b: topic.offset_for_time(b, micros) for b in bounds})
-        spec = _option(self.options, "startingOffsets", "earliest").strip()
-        if spec == "earliest":
-            return _sorted({b: v.earliest for b, v in bounds.items()})
-        if spec == "latest":
-            return _sorted({b: v.latest for b, v in bounds.items()})
+        else:
+            moment = _option(self.options, "startingTimestamp")
+            if moment is not None:
+                micros = _timestamp_us(moment)
+                return _sorted({b: topic.offset_for_time(b, micros) for b in bounds})
+            spec = _option(self.options, "startingOffsets", "earliest").strip()
+            if spec == "earliest":
+                return _sorted({b: v.earliest for b, v in bounds.items()})
+            if spec == "latest":
+                return _sorted({b: v.latest for b, v in bounds.items()})
         given = _offsets_option("startingOffsets", spec, bounds)
         return _sorted({b: given.get(b, v.earliest) for b, v in bounds.items()})
 
@@ -483,6 +475,21 @@ def _offsets_option(name: str, spec: str, bounds: Mapping[int, Any]) -> dict[int
     if unknown:
         raise ValueError(f"option {name} names bucket(s) {unknown} the topic does not have")
     return offsets
+
+
+def _offsets_in_file(path: str) -> str | None:
+    """The ``startingOffsets`` JSON a ``startingOffsetsFile`` holds; None while it does
+    not exist."""
+    try:
+        with open(path) as file:
+            return json.dumps(json.load(file)["startingOffsets"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(
+            f"option startingOffsetsFile: {path} must hold a JSON object with "
+            f"startingOffsets: {error}"
+        ) from error
 
 
 def _positive_int(options: Mapping[str, str], name: str, default: int | None) -> int | None:
