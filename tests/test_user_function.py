@@ -87,6 +87,9 @@ def test_its_columns_come_from_a_local_spark_once_then_from_the_cache(
     make_topic: MakeTopic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    # As in a run on a shared Spark: this process opened a Spark Connect session.
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    monkeypatch.setenv("SPARK_REMOTE", "sc://127.0.0.1:1")
     topic = make_topic(records=10, buckets=1)
     check_against_source(pipeline(tmp_path, BANDS), topic)
     assert len(list((tmp_path / "cache").rglob("*.json"))) == 1

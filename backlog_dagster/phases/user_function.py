@@ -157,8 +157,16 @@ def describe_output(spark: SparkSession, spec: str, input_ddl: str) -> dict[str,
     return {"columns": columns, "nodes": nodes}
 
 
+#: What PySpark sets in a process once it opened a Spark Connect session.
+CONNECT_ENVIRONMENT = frozenset(
+    {"SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE"}
+)
+
+
 def _in_subprocess(spec: str, input_ddl: str) -> dict[str, Any]:
-    environment = dict(os.environ)
+    # Not the settings PySpark leaves in a process that opened a Spark Connect session
+    # (a run on a shared Spark): under them the child's local Spark would be refused.
+    environment = {k: v for k, v in os.environ.items() if k not in CONNECT_ENVIRONMENT}
     # A JVM that lives for seconds: the quick C1 compiler alone serves it best.
     environment.setdefault(
         "PYSPARK_SUBMIT_ARGS", "--driver-java-options -XX:TieredStopAtLevel=1 pyspark-shell"
