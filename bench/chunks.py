@@ -8,11 +8,13 @@ alternating, ``repeat`` times each, each into a fresh SQLite sink. Per interval:
 backlog's records/s (median) and its ratio to interval 0 (one chunk), and the chunks'
 durations, from the start of a chunk's Spark job until the next chunk's could start (a
 chunk commits beside the next one's job): their median and the share within ±50 % of the
-interval (the last chunk, which takes what is left, aside). The same at 0 and 2 s into a
-PostgreSQL sink (a new database on the local server, dropped afterwards), whose commit
-of a chunk takes several times SQLite's. And over every SQLite chunk of the positive
-intervals: the part of a chunk's time that does not depend on its size, the rate beyond
-it, and the sink's commit of a chunk.
+interval (the last chunk, which takes what is left, aside). Each positive interval's
+run is followed by a *later run*: the same pipeline reset on its sink and read again,
+its first chunk sized by the rate the run before left there (``phases.chunks``). The
+same at 0 and 2 s into a PostgreSQL sink (a new database on the local server, dropped
+afterwards), whose commit of a chunk takes several times SQLite's. And over every
+SQLite chunk of the positive intervals: the part of a chunk's time that does not depend
+on its size, the rate beyond it, and the sink's commit of a chunk.
 
 Writes ``bench/results/<date>-chunks.json`` and its section of ``BENCHMARKS.md``.
 """
@@ -26,7 +28,7 @@ import sys
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,8 +41,13 @@ from sinks import _on
 
 from tests.postgres import SERVER, fresh_database
 
+if TYPE_CHECKING:
+    from backlog_dagster.pipeline.config import PipelineConfig
+
 ROOT = Path(__file__).resolve().parent.parent
 INTERVALS = (0.0, 0.5, 2.0, 5.0)
+#: The cases of a pipeline's later run, after its run on a fresh SQLite sink.
+LATER = "later"
 #: The intervals also run into PostgreSQL.
 POSTGRES_INTERVALS = (0.0, 2.0)
 HEADER = (
@@ -73,7 +80,10 @@ def measure(scratch: Path, dsn: str, records: int, repeat: int) -> dict[str, Any
     spark.sparkContext.setLogLevel("ERROR")
     ours(spark, _fresh_sink(config, scratch, "warm-up"), 0)
     plan = [("sqlite", i) for i in INTERVALS] + [("postgres", i) for i in POSTGRES_INTERVALS]
-    runs: dict[tuple[str, float], list[dict[str, Any]]] = {case: [] for case in plan}
+    # The cases in the order of the table: each interval's later run after its first.
+    shown = [c for i in INTERVALS for c in [("sqlite", i), (LATER, i)] if c[0] == "sqlite" or i]
+    shown += [("postgres", i) for i in POSTGRES_INTERVALS]
+    runs: dict[tuple[str, float], list[dict[str, Any]]] = {case: [] for case in shown}
     for rep in range(repeat):
         for sink, interval in plan:
             name = f"{sink}_{interval:g}_{rep}".replace(".", "_")
@@ -82,16 +92,14 @@ def measure(scratch: Path, dsn: str, records: int, repeat: int) -> dict[str, Any
             else:
                 on = _on("postgres", scratch, dsn, name)
             run = ours(spark, on, interval)
-            assert run["records"] == records, run
-            runs[sink, interval].append(run)
-            durations = ", ".join(f"{s:.1f}" for _, s in run["chunks"])
-            print(
-                f"{sink}, interval {interval:g} s: {run['seconds']:.2f} s; chunks (s): {durations}"
-            )
+            _note(runs, (sink, interval), run, records)
+            if sink == "sqlite" and interval:
+                _reset(on)
+                _note(runs, (LATER, interval), ours(spark, on, interval), records)
     spark.stop()
-    cases = {_label(*case): _case(case[1], runs[case], records) for case in plan}
-    for (sink, _), case in zip(plan, cases.values(), strict=True):
-        whole = cases[_label(sink, 0.0)]["records_per_second"]
+    cases = {_label(*case): _case(case[1], runs[case], records) for case in shown}
+    for (sink, _), case in zip(shown, cases.values(), strict=True):
+        whole = cases[_label("sqlite" if sink == LATER else sink, 0.0)]["records_per_second"]
         case["over_interval_0"] = round(case["records_per_second"] / whole, 3)
     return {
         "records": records,
@@ -103,13 +111,36 @@ def measure(scratch: Path, dsn: str, records: int, repeat: int) -> dict[str, Any
     }
 
 
+def _note(
+    runs: dict[tuple[str, float], list[dict[str, Any]]],
+    case: tuple[str, float],
+    run: dict[str, Any],
+    records: int,
+) -> None:
+    assert run["records"] == records, run
+    runs[case].append(run)
+    durations = ", ".join(f"{s:.1f}" for _, s in run["chunks"])
+    print(f"{case[0]}, interval {case[1]:g} s: {run['seconds']:.2f} s; chunks (s): {durations}")
+
+
+def _reset(config: PipelineConfig) -> None:
+    """Start the pipeline over on its sink: new markers, results cleared, and the
+    sink's record of the run before (its chunk rate among it) kept."""
+    from backlog_dagster.phases.markers import reset
+    from backlog_dagster.sink import open_sink
+    from backlog_dagster.source import open_source
+
+    with open_sink(config) as sink, open_source(config) as topic:
+        reset(sink, topic, config, "bench: a later run", lambda _: None)
+
+
 def _label(sink: str, interval: float) -> str:
     return f"{interval:g}" if sink == "sqlite" else f"{interval:g}, {sink}"
 
 
 def _row_name(label: str) -> str:
     interval, _, sink = label.partition(", ")
-    return f"{interval} s" + (", PostgreSQL" if sink else "")
+    return f"{interval} s" + {"": "", "postgres": ", PostgreSQL", LATER: ", later run"}[sink]
 
 
 def per_chunk(runs: list[dict[str, Any]]) -> dict[str, float]:
@@ -169,7 +200,9 @@ interval {results["repeat"]} times, alternating, into SQLite unless the row says
 PostgreSQL (the local server; *over interval 0* is against the same sink's). A chunk's
 time runs from the start of its Spark job until the next chunk's could start (a chunk
 commits while the next one's job runs); each run's last chunk, which takes what is left,
-is not counted in the chunk columns. {machine_line(results["machine"])}
+is not counted in the chunk columns. A *later run* follows each positive interval's run:
+the pipeline reset on its sink and read again, its first chunk sized by the rate the run
+before left there. {machine_line(results["machine"])}
 
 {HEADER}
 | --- | ---: | ---: | ---: | --- | ---: | ---: |

@@ -191,6 +191,31 @@ def test_reset_starts_a_new_generation_and_a_changed_definition_is_refused(
         current_generation(sink, topic, changed, print)
 
 
+def test_a_later_backlog_run_sizes_its_first_chunk_by_the_rate_the_one_before_left(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """The sink keeps the rate of a backlog run's last chunks once the run has ended; the
+    pipeline's next backlog run (here after a reset) sizes its first chunk by it."""
+    from backlog_dagster.phases.chunks import MIN_CHUNK_RECORDS, MIN_CHUNK_S, chunk_rate
+    from backlog_dagster.phases.progress import previous_chunk_rate
+
+    topic = make_topic(records=100_000, buckets=2)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    messages: list[str] = []
+    with open_sink(config) as sink:
+        assert previous_chunk_rate(sink) is None
+        first = run_backlog(spark, config, sink, checkpoint_interval=0.04, log=print)
+        assert len(first.chunk_timings) >= 2
+        rate = previous_chunk_rate(sink)
+        assert rate == pytest.approx(chunk_rate(first.chunk_timings))
+        reset(sink, topic, config, "test reset", print)
+        second = run_backlog(spark, config, sink, checkpoint_interval=0.04, log=messages.append)
+    assert second.previous_chunk_rate == rate and second.rows_read == 100_000
+    first_chunk = max(MIN_CHUNK_RECORDS, int(rate * MIN_CHUNK_S))
+    assert second.chunk_timings[0][0] == min(100_000, first_chunk)
+    assert any("the first sized by the previous backlog run's" in m for m in messages), messages
+
+
 def start_phase(defs: Path, data: Path, phase: str = "backlog") -> subprocess.Popen[str]:
     """Run ``backlog-dagster pipeline <phase> defs.yaml`` in its own process group."""
     cli = str(Path(sys.executable).with_name("backlog-dagster"))

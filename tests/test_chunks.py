@@ -11,14 +11,17 @@ from backlog_dagster.phases.chunks import (
     FIRST_CHUNK_RECORDS,
     MAX_GROWTH,
     MIN_CHUNK_S,
+    chunk_rate,
     next_chunk_records,
 )
 
 
-def simulate(interval: float, fixed: float, per_record: float) -> list[tuple[int, float]]:
+def simulate(
+    interval: float, fixed: float, per_record: float, previous_rate: float | None = None
+) -> list[tuple[int, float]]:
     timings: list[tuple[int, float]] = []
     for _ in range(12):
-        records = next_chunk_records(interval, timings)
+        records = next_chunk_records(interval, timings, previous_rate)
         timings.append((records, fixed + records * per_record))
     return timings
 
@@ -44,3 +47,27 @@ def test_chunks_settle_at_the_interval_without_outlasting_it(
         assert after <= MAX_GROWTH * before
     assert all(seconds <= 1.5 * target for _, seconds in timings)
     assert all(abs(seconds - target) <= 0.1 * target for _, seconds in timings[-3:])
+
+
+@pytest.mark.parametrize(
+    ("interval", "fixed", "per_record", "before"),
+    [
+        (2, 0.5, 1 / 4_000_000, 2),
+        (2, 0.5, 1 / 4_000_000, 0),  # the run before read its backlog in one chunk
+        (5, 0.3, 1 / 500_000, 30),
+        (30, 2.0, 1 / 15_000, 30),
+    ],
+    ids=["2s-after-2s", "2s-after-one-chunk", "5s-after-30s", "30s-busy-machine"],
+)
+def test_a_later_run_takes_the_interval_from_its_first_chunk(
+    interval: float, fixed: float, per_record: float, before: float
+) -> None:
+    """Sized by the rate the run before left, every chunk of the next run takes about
+    the interval, the first one too."""
+    if before:
+        earlier = simulate(before, fixed, per_record)
+    else:
+        earlier = [(16_000_000, fixed + 16_000_000 * per_record)]
+    timings = simulate(interval, fixed, per_record, chunk_rate(earlier))
+    target = max(interval, MIN_CHUNK_S)
+    assert all(abs(seconds - target) <= 0.5 * target for _, seconds in timings), timings

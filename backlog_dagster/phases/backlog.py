@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING
 
 from backlog_dagster.phases.background import in_background
 from backlog_dagster.phases.bad_records import Aggregated, collect, refuse_bad_records
-from backlog_dagster.phases.chunks import next_chunk_records
+from backlog_dagster.phases.chunks import chunk_rate, next_chunk_records
 from backlog_dagster.phases.lock import exclusive_run
 from backlog_dagster.phases.markers import current_generation, extend_markers
-from backlog_dagster.phases.progress import RunProgress
+from backlog_dagster.phases.progress import RunProgress, previous_chunk_rate
 from backlog_dagster.phases.reference import Reference, read_reference
 from backlog_dagster.phases.transform import (
     check_against_source,
@@ -89,6 +89,9 @@ class BacklogReport:
     chunk_timings: list[tuple[int, float]] = field(default_factory=list)
     #: Each committed chunk's sink commit (s), made while the next chunk's job ran.
     chunk_commits_s: list[float] = field(default_factory=list)
+    #: The rate of the pipeline's previous backlog run's last chunks, as it left it in
+    #: the sink (``RunProgress.chunk_rate``): this run's first chunk is sized by it.
+    previous_chunk_rate: float | None = None
     buckets: dict[int, BucketState] = field(default_factory=dict)
     #: Per bucket, the parts of the source its backlog was read from ("archive, log").
     read_from: dict[int, str] = field(default_factory=dict)
@@ -164,7 +167,12 @@ def _run_backlog(
         generation = current_generation(sink, topic, config, log)
         generation, skipped = _past_removed(sink, topic, config, generation, log)
         read_from = _parts(topic, generation)
-    report = BacklogReport(generation.number, skipped_records=skipped, read_from=read_from)
+    report = BacklogReport(
+        generation.number,
+        skipped_records=skipped,
+        read_from=read_from,
+        previous_chunk_rate=previous_chunk_rate(sink),
+    )
     with publishing_progress(spark, config, report, run_id or "backlog", log):
         # Read to the markers, then to new ones while the watermark lag or the records
         # that arrived meanwhile ask for them.
@@ -226,6 +234,11 @@ def publishing_progress(
             records_read=rows_read,
             read_to=read_to,
             arrival_per_s=max(0.0, arrival),
+            chunk_rate=(
+                chunk_rate(timings)
+                if (timings := report.chunk_timings)
+                else report.previous_chunk_rate
+            ),
         )
         sink.publish_progress(run_id, progress.to_json())
 
@@ -233,11 +246,18 @@ def publishing_progress(
 
         def keep_publishing(stop: threading.Event) -> None:
             with open_sink(config) as sink, open_source(config) as topic:
-                while not stop.wait(config.switch.status_every):
+
+                def publish_for_show() -> None:
                     try:
                         publish(sink, topic, tasks_done)
                     except Exception as error:  # progress is for show: never fail the run
                         log(f"backlog: progress not published: {error}")
+
+                while not stop.wait(config.switch.status_every):
+                    publish_for_show()
+                # Once more as the run ends: all it read, and the rate of its last chunks,
+                # which the pipeline's next backlog run sizes its first chunk by.
+                publish_for_show()
 
         with in_background("backlog-progress", keep_publishing):
             yield
@@ -260,10 +280,7 @@ def _read_to_markers(
     report.spark_settings = {**config.backlog.spark_conf, **settings}
     log("backlog: Spark settings " + ", ".join(f"{k}={v}" for k, v in settings.items()))
     if left:
-        log(
-            f"backlog: {left:,} records to read up to the markers, "
-            f"{'one chunk' if interval == 0 else f'chunks of about {interval:g} s'}"
-        )
+        log(f"backlog: {left:,} records to read up to the markers, {_chunking(interval, report)}")
     join = config.transform.join
     reference = None if join is None or left == 0 else read_reference(config, sink)
     if reference is not None:
@@ -276,7 +293,11 @@ def _read_to_markers(
     committed = _Commits(report, log, realtime=_moved_to_realtime(sink, config))
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="backlog-commit") as committer:
         while left > 0 and not committed.realtime:
-            budget = left if interval == 0 else next_chunk_records(interval, report.chunk_timings)
+            budget = (
+                left
+                if interval == 0
+                else next_chunk_records(interval, report.chunk_timings, report.previous_chunk_rate)
+            )
             with open_source(config) as topic:
                 if committed.pending is not None and removed_unread(generation, topic):
                     committed.wait()  # the sink moves past the gap after it
@@ -335,6 +356,19 @@ def _read_to_markers(
     if committed.realtime:
         log("backlog: the switch moved the pipeline to realtime; stopping here")
     return generation
+
+
+def _chunking(interval: float, report: BacklogReport) -> str:
+    """How the backlog is cut, for the log: ``chunks of about 2 s, the first sized by
+    the previous backlog run's 2,400,000 records/s``."""
+    if interval == 0:
+        return "one chunk"
+    if report.chunk_timings or not report.previous_chunk_rate:
+        return f"chunks of about {interval:g} s"
+    return (
+        f"chunks of about {interval:g} s, the first sized by the previous backlog run's "
+        f"{report.previous_chunk_rate:,.0f} records/s"
+    )
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,14 @@ Below about ``MIN_CHUNK_S`` that fixed part is most of a chunk, and a rate that 
 it would shrink each next chunk until the backlog crawls (measured before: 0.5 s
 chunks ran at 2,000 to 17,000 records/s): a chunk is planned to take at least that.
 
-Earlier, the first chunk had a million records a second of interval: on a busy
+The first chunk of a run is sized by the rate the pipeline's previous backlog run
+left in the sink (``phases.progress.RunProgress.chunk_rate``): the same records and
+transform, usually on the same Spark, so its first chunk takes about the interval too
+(without it, measured: the first chunks of a 2 s interval took 0.5 and 1 s, so only
+about half of them were within ±50 % of it). A pipeline's first backlog has no such
+rate. Earlier, its first chunk had a million records a second of interval: on a busy
 machine's slower rate, a 30 s interval's first chunk took every record and 70 s. So
-the first chunk assumes a modest rate and has at most ``FIRST_CHUNK_RECORDS``, and a
+that first chunk assumes a modest rate and has at most ``FIRST_CHUNK_RECORDS``, and a
 chunk takes at most ``MAX_GROWTH`` times the records of the one before: a rate
 measured on small chunks is not trusted far beyond them.
 """
@@ -41,11 +46,16 @@ RECENT = 3
 Timing = tuple[int, float]
 
 
-def next_chunk_records(interval: float, timings: Sequence[Timing]) -> int:
-    """The records for a chunk of about ``interval`` seconds (``interval`` > 0)."""
+def next_chunk_records(
+    interval: float, timings: Sequence[Timing], previous_rate: float | None = None
+) -> int:
+    """The records for a chunk of about ``interval`` seconds (``interval`` > 0);
+    ``previous_rate``: the records/s of the pipeline's previous backlog run, if known."""
+    target = max(interval, MIN_CHUNK_S)
+    if not timings and previous_rate:
+        return max(MIN_CHUNK_RECORDS, int(previous_rate * target))
     if not timings:
         return max(MIN_CHUNK_RECORDS, min(int(FIRST_CHUNK_RATE * interval), FIRST_CHUNK_RECORDS))
-    target = max(interval, MIN_CHUNK_S)
     # The rate counts each chunk's fixed part, so it undershoots while chunks are
     # shorter than the target; the line through the last two chunks sees the fixed
     # part and gets there sooner (within reason: noise can flatten that line).

@@ -49,6 +49,10 @@ class RunProgress:
     read_to: dict[int, int] = field(default_factory=dict)
     #: Records/s arriving at the source lately (0 when nothing arrives).
     arrival_per_s: float = 0.0
+    #: Records/s of the run's latest chunks, their fixed costs counted
+    #: (``phases.chunks.chunk_rate``); None before its first chunk ended. It stays in
+    #: the sink after the run: the pipeline's next backlog run sizes its first chunk by it.
+    chunk_rate: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "read_to": {str(b): n for b, n in self.read_to.items()}}
@@ -108,6 +112,12 @@ def published_run(sink: Sink, config: PipelineConfig, now: float) -> RunProgress
     if run is None or now - run.at > STALE_AFTER_BEATS * config.switch.status_every:
         return None
     return run
+
+
+def previous_chunk_rate(sink: Sink) -> float | None:
+    """The chunk rate the pipeline's latest backlog run published, however long ago."""
+    published = sink.published_progress()
+    return None if published is None else RunProgress.from_json(published).chunk_rate
 
 
 def backlog_progress(
