@@ -39,6 +39,7 @@ from report import machine_line, publish
 from run import _example, _fresh_sink, _topic, machine
 from sinks import _on
 
+from backlog_dagster.phases.chunks import MIN_CHUNK_S
 from tests.postgres import SERVER, fresh_database
 
 if TYPE_CHECKING:
@@ -202,7 +203,9 @@ time runs from the start of its Spark job until the next chunk's could start (a 
 commits while the next one's job runs); each run's last chunk, which takes what is left,
 is not counted in the chunk columns. A *later run* follows each positive interval's run:
 the pipeline reset on its sink and read again, its first chunk sized by the rate the run
-before left there. {machine_line(results["machine"])}
+before left there. A chunk is planned to take at least {MIN_CHUNK_S:g} s
+(`phases.chunks.MIN_CHUNK_S`), so below that interval its chunks are not meant to be
+within ±50 % of it. {machine_line(results["machine"])}
 
 {HEADER}
 | --- | ---: | ---: | ---: | --- | ---: | ---: |
