@@ -264,15 +264,12 @@ class MicroBatchCommit:
 READ_HERE_MAX_RECORDS = {False: 15_000, True: 200_000}
 
 
-#: A micro-batch read here (or, on Spark Connect, within the size read here) of up to
-#: this many records is aggregated in one Spark task: one partition holds every key, so
-#: the plan has no shuffle (a second stage and its tasks) and no partial aggregation
-#: before it. Measured in one warm local session (customer_totals' aggregation of records
-#: handed over as Arrow, medians of 150): 10,000 records 55 ms and 86 ms of CPU in one
-#: task against 72 ms and 117 ms over two tasks and a shuffle; 40,000 records 143 ms
-#: against 178 ms. On a Spark Connect server, Spark's scan of the batch in one task: the
-#: three example pipelines at 0.5 s micro-batches of about 10,000 records each, 3 runs
-#: alternating, micro-batch medians 436, 554 and 576 ms against 487, 629 and 636 ms.
+#: A micro-batch read here of up to this many records is aggregated in one Spark task:
+#: one partition holds every key, so the plan has no shuffle (a second stage and its
+#: tasks) and no partial aggregation before it. Measured in one warm local session
+#: (customer_totals' aggregation of records handed over as Arrow, medians of 150): 10,000
+#: records 55 ms and 86 ms of CPU in one task against 72 ms and 117 ms over two tasks and
+#: a shuffle; 40,000 records 143 ms against 178 ms.
 ONE_TASK_MAX_RECORDS = 50_000
 
 
@@ -292,14 +289,13 @@ def _records_of(
     most = READ_HERE_MAX_RECORDS[windowed]
     if not set(end) <= set(start) or sum(end[b] - start[b] for b in end) > most:
         return batch, None
-    one_task = sum(end[b] - start[b] for b in end) <= ONE_TASK_MAX_RECORDS
     if is_connect(batch.sparkSession):
-        table = read_here(topic, batch.schema, start, end) if windowed else None
-        records = batch
-    else:
-        table = read_here(topic, batch.schema, start, end)
-        records = batch.sparkSession.createDataFrame(table, batch.schema)
-    return (records.coalesce(1) if one_task else records), table
+        return batch, read_here(topic, batch.schema, start, end) if windowed else None
+    table = read_here(topic, batch.schema, start, end)
+    records = batch.sparkSession.createDataFrame(table, batch.schema)
+    if table.num_rows <= ONE_TASK_MAX_RECORDS:
+        records = records.coalesce(1)
+    return records, table
 
 
 def batch_start(checkpoint: Path, batch_id: int, starting: Mapping[int, int]) -> dict[int, int]:
