@@ -196,7 +196,7 @@ def test_a_later_backlog_run_sizes_its_first_chunk_by_the_rate_the_one_before_le
 ) -> None:
     """The sink keeps the rate of a backlog run's last chunks once the run has ended; the
     pipeline's next backlog run (here after a reset) sizes its first chunk by it."""
-    from backlog_dagster.phases.chunks import MIN_CHUNK_RECORDS, MIN_CHUNK_S, chunk_rate
+    from backlog_dagster.phases.chunks import chunk_rate, next_chunk_records
     from backlog_dagster.phases.progress import previous_chunk_rate
 
     topic = make_topic(records=100_000, buckets=2)
@@ -211,8 +211,8 @@ def test_a_later_backlog_run_sizes_its_first_chunk_by_the_rate_the_one_before_le
         reset(sink, topic, config, "test reset", print)
         second = run_backlog(spark, config, sink, checkpoint_interval=0.04, log=messages.append)
     assert second.previous_chunk_rate == rate and second.rows_read == 100_000
-    first_chunk = max(MIN_CHUNK_RECORDS, int(rate * MIN_CHUNK_S))
-    assert second.chunk_timings[0][0] == min(100_000, first_chunk)
+    assert rate is not None
+    assert second.chunk_timings[0][0] == next_chunk_records(0.04, [], 100_000, rate)
     assert any("the first sized by the previous backlog run's" in m for m in messages), messages
 
 

@@ -296,7 +296,9 @@ def _read_to_markers(
             budget = (
                 left
                 if interval == 0
-                else next_chunk_records(interval, report.chunk_timings, report.previous_chunk_rate)
+                else next_chunk_records(
+                    interval, report.chunk_timings, left, report.previous_chunk_rate
+                )
             )
             with open_source(config) as topic:
                 if committed.pending is not None and removed_unread(generation, topic):
