@@ -8,7 +8,7 @@ alternating, ``repeat`` times each, each into a fresh SQLite sink. Per interval:
 backlog's records/s (median) and its ratio to interval 0 (one chunk), and the chunks'
 durations, from the start of a chunk's Spark job until the next chunk's could start (a
 chunk commits beside the next one's job): their median and the share within ±50 % of the
-interval (the last chunk, which takes what is left, aside). Each positive interval's
+interval, every chunk from the first to the last counted. Each positive interval's
 run is followed by a *later run*: the same pipeline reset on its sink and read again,
 its first chunk sized by the rate the run before left there (``phases.chunks``). The
 same at 0 and 2 s into a PostgreSQL sink (a new database on the local server, dropped
@@ -163,8 +163,7 @@ def per_chunk(runs: list[dict[str, Any]]) -> dict[str, float]:
 def _case(interval: float, runs: list[dict[str, Any]], records: int) -> dict[str, Any]:
     seconds = [round(r["seconds"], 2) for r in runs]
     median = statistics.median(seconds)
-    # Every chunk but each run's last, which takes what is left of the backlog.
-    durations = [s for r in runs for _, s in r["chunks"][:-1]]
+    durations = [s for r in runs for _, s in r["chunks"]]
     within = [s for s in durations if 0.5 * interval <= s <= 1.5 * interval]
     return {
         "samples_s": seconds,
@@ -200,8 +199,8 @@ def _markdown(results: dict[str, Any]) -> str:
 interval {results["repeat"]} times, alternating, into SQLite unless the row says
 PostgreSQL (the local server; *over interval 0* is against the same sink's). A chunk's
 time runs from the start of its Spark job until the next chunk's could start (a chunk
-commits while the next one's job runs); each run's last chunk, which takes what is left,
-is not counted in the chunk columns. A *later run* follows each positive interval's run:
+commits while the next one's job runs); every chunk counts, the last one too. A *later
+run* follows each positive interval's run:
 the pipeline reset on its sink and read again, its first chunk sized by the rate the run
 before left there. A chunk is planned to take at least {MIN_CHUNK_S:g} s
 (`phases.chunks.MIN_CHUNK_S`), so below that interval its chunks are not meant to be
