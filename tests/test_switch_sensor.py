@@ -198,19 +198,3 @@ def test_the_standby_starts_once_the_backlogs_eta_is_within_its_lead(
         # Reading, no rate known yet (one chunk, no read task ended): no ETA to wait for.
         publish(reading, 4, read=0)
         assert requested(instance) == standby
-
-
-def test_the_standby_is_queued_behind_the_backlog_run(
-    make_topic: MakeTopic, tmp_path: Path
-) -> None:
-    """Requested in the same tick, the standby comes after the backlog run in Dagster's
-    run queue (which launches the higher ``dagster/priority`` first, 0 when untagged)."""
-    make_topic(records=1_000, buckets=2)
-    config = pipeline(tmp_path, CUSTOMER_TOTALS)
-    defs = pipeline_definitions(config)
-    sensor = defs.resolve_sensor_def("customer_totals_switch")
-    with dg.instance_for_test() as instance:
-        result = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
-    priority = {r.job_name: int(r.tags.get("dagster/priority", "0")) for r in result.run_requests}
-    assert priority.keys() == {JOB, "customer_totals_realtime_job"}
-    assert priority["customer_totals_realtime_job"] < priority[JOB]

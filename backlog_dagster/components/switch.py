@@ -77,12 +77,6 @@ OWN_FAILURES = frozenset({"STEP_FAILURE", "RUN_EXCEPTION", "JOB_INITIALIZATION_F
 #: switch, or never was one); and how it started.
 STANDBY_TAG = "backlog_dagster/standby"
 STARTED_AS_TAG = "backlog_dagster/started_as"
-#: A standby's place in Dagster's run queue (``dagster/priority``; other runs have 0):
-#: behind every backlog run the sensors requested in the same tick. Dagster launches
-#: queued runs one after another, each taking a couple of seconds on a busy machine,
-#: and the backlogs are what the switch waits for (measured with the three example
-#: pipelines: launched in request order, the last backlog run began 9 s after the first).
-STANDBY_PRIORITY = "-1"
 
 ACTIVE = [
     dg.DagsterRunStatus.QUEUED,
@@ -610,7 +604,6 @@ def _standby_request(
             "backlog_dagster/phase": "realtime",
             "backlog_dagster/generation": str(number),
             STANDBY_TAG: "true",
-            "dagster/priority": STANDBY_PRIORITY,
         },
     )
 
