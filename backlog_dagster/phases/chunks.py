@@ -63,15 +63,14 @@ def next_chunk_records(
     """The records for a chunk of about ``interval`` seconds (``interval`` > 0) with
     ``left`` records still to read; ``previous_rate``: the records/s of the pipeline's
     previous backlog run, if known."""
-    planned = _planned(max(interval, MIN_CHUNK_S), interval, timings, previous_rate)
+    planned = _planned(interval, timings, previous_rate)
     if left >= 2 * planned:
         return planned
     return left if left <= planned else -(-left // 2)
 
 
-def _planned(
-    target: float, interval: float, timings: Sequence[Timing], previous_rate: float | None
-) -> int:
+def _planned(interval: float, timings: Sequence[Timing], previous_rate: float | None) -> int:
+    target = max(interval, MIN_CHUNK_S)
     if not timings and previous_rate:
         return max(MIN_CHUNK_RECORDS, int(previous_rate * target))
     if not timings:
