@@ -26,6 +26,10 @@ Options (all optional but ``path``, or what the source's own package names):
   their latest offset.
 - ``maxRecordsPerTrigger`` (streaming): a read limit per micro-batch, shared out evenly
   among the buckets that have records to read. ``availableNow`` honours it.
+- ``microBatchInterval`` (streaming): seconds between micro-batch starts, kept by the
+  reader (``spark.pacing``): each ``latestOffset`` waits for the query's own slot in
+  the interval, so queries on one machine do not all start at the same instant. Run
+  the query with a ``processingTime`` trigger of 0. ``availableNow`` does not wait.
 - ``buckets``: comma-separated bucket ids to read; default every bucket.
 - ``maxRecordsPerPartition``: larger bucket ranges are split into several Spark tasks.
 - ``minPartitions``: a read of at least that many times 100,000 records is split into at
@@ -68,6 +72,7 @@ from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 from backlog_dagster.log import Topic
 from backlog_dagster.log.topic import SPARK_FORMAT
 from backlog_dagster.source.base import Source
+from backlog_dagster.spark.pacing import Pacer
 from backlog_dagster.spark.records import (
     BUCKET_COLUMN,
     OFFSET_COLUMN,
@@ -298,6 +303,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.plan = plan
         self.max_records = _positive_int(plan.options, "maxRecordsPerTrigger", None)
         self._target: Offsets | None = None
+        interval = _positive_seconds(plan.options, "microBatchInterval")
+        self._pacer = None if interval is None else Pacer(interval)
 
     def initialOffset(self) -> dict:
         return self._started({WAITING: 0})
@@ -311,6 +318,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = self._available()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        if self._pacer is not None and self._target is None:
+            self._pacer.wait()
         start = self._started(start)
         if waiting(start):
             return {WAITING: int(time.time() // WAITING_BEAT_S)}
@@ -502,6 +511,19 @@ def _positive_int(options: Mapping[str, str], name: str, default: int | None) ->
         value = 0
     if value < 1:
         raise ValueError(f"option {name} must be a positive whole number, not {text!r}")
+    return value
+
+
+def _positive_seconds(options: Mapping[str, str], name: str) -> float | None:
+    text = _option(options, name)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ValueError(f"option {name} must be a positive number of seconds, not {text!r}")
     return value
 
 
