@@ -23,10 +23,12 @@ from backlog_dagster.phases.lock import exclusive_run
 from backlog_dagster.phases.markers import continue_backlog, current_generation
 from backlog_dagster.phases.query_start import QueryStart, write_start
 from backlog_dagster.phases.realtime import (
+    WORKER_SLOW_TO_START,
     BacklogNotFinished,
     armed_realtime,
     read_limit,
     run_realtime,
+    start_query,
 )
 from backlog_dagster.phases.standby import await_switch
 from backlog_dagster.phases.transform import partial_results, read_schema
@@ -98,6 +100,29 @@ def test_the_read_limit_follows_the_interval_unless_set(tmp_path: Path) -> None:
     assert read_limit(fixed, 2) == 1_000
     unlimited = pipeline(tmp_path, CUSTOMER_TOTALS, realtime={"max_records_per_trigger": None})
     assert read_limit(unlimited, 2) is None
+
+
+class StartingWriter:
+    """A stream writer whose first starts fail with the errors given."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors, self.starts = list(errors), 0
+
+    def start(self) -> str:
+        self.starts += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return "query"
+
+
+def test_a_query_start_is_tried_again_only_when_a_python_worker_was_slow() -> None:
+    slow = StartingWriter(*[RuntimeError(f"SparkException: {WORKER_SLOW_TO_START}.")] * 2)
+    assert start_query(slow) == "query"  # type: ignore[arg-type]
+    assert slow.starts == 3
+    broken = StartingWriter(RuntimeError("AnalysisException: no such column"))
+    with pytest.raises(RuntimeError, match="no such column"):
+        start_query(broken)  # type: ignore[arg-type]
+    assert broken.starts == 1
 
 
 def test_a_micro_batch_lands_only_in_the_generation_its_query_started_in(

@@ -39,6 +39,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tenacity import Retrying, retry_if_exception, stop_after_attempt
+
 from backlog_dagster import sink as sinks
 from backlog_dagster import source as sources
 from backlog_dagster.phases.lag import watermark_lag
@@ -62,7 +64,7 @@ from backlog_dagster.spark.session import runs_elsewhere
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-    from pyspark.sql.streaming import DataStreamReader, StreamingQuery
+    from pyspark.sql.streaming import DataStreamReader, DataStreamWriter, StreamingQuery
 
 
 class BacklogNotFinished(RuntimeError):
@@ -102,6 +104,13 @@ class RealtimeStatus:
 AUTO_READ_LIMIT_PER_S = 250_000
 AUTO_READ_LIMIT_FLOOR = 100_000
 
+
+#: What Spark says when a new Python worker (the one that runs a query's
+#: ``foreachBatch``) did not connect back within its fixed 10 s: on a machine busy with
+#: backlogs its start can take longer. The query did not start; starting it again is
+#: safe, where the run would otherwise fail and the sensor start another 30 s later.
+WORKER_SLOW_TO_START = "Python worker failed to connect back"
+QUERY_START_ATTEMPTS = 3
 
 #: Micro-batch intervals up to this (s) are kept by the source's reader rather than by
 #: Spark's trigger (``spark.pacing``): Spark starts every query's micro-batches at the
@@ -385,14 +394,30 @@ def _start_query(
     trigger = interval
     if 0 < interval <= PACED_UP_TO_S:
         stream, trigger = stream.option("microBatchInterval", str(interval)), 0
-    return (
+    writer = (
         stream.load()
         .writeStream.queryName(f"{config.name}_realtime")
         .foreachBatch(commit)
         .trigger(processingTime=f"{trigger} seconds")
         .option("checkpointLocation", str(checkpoint_dir))
-        .start()
     )
+    return start_query(writer)
+
+
+def start_query(writer: DataStreamWriter) -> StreamingQuery:
+    """``writer.start()``, again while Spark's new Python worker was too slow to start."""
+    for attempt in Retrying(
+        retry=retry_if_exception(_worker_slow_to_start),
+        stop=stop_after_attempt(QUERY_START_ATTEMPTS),
+        reraise=True,
+    ):
+        with attempt:
+            return writer.start()
+    raise AssertionError("unreachable")  # pragma: no cover: Retrying returns or raises
+
+
+def _worker_slow_to_start(error: BaseException) -> bool:
+    return WORKER_SLOW_TO_START in str(error)
 
 
 @dataclass(frozen=True)
