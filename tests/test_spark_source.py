@@ -309,3 +309,22 @@ def test_read_limit_is_shared_evenly_and_fully_used() -> None:
     assert share_read_limit({"0": 5, "1": 100, "2": 0}, 50) == {"0": 5, "1": 45, "2": 0}
     assert share_read_limit({"0": 3, "1": 3, "2": 3}, 4) == {"0": 2, "1": 1, "2": 1}
     assert share_read_limit({"0": 3, "1": 4}, 100) == {"0": 3, "1": 4}
+
+
+@pytest.mark.parametrize(
+    ("options", "refusal"),
+    [
+        ({"microBatchInterval": "0"}, "microBatchInterval must be a positive number of seconds"),
+        ({"microBatchInterval": "soon"}, "microBatchInterval must be a positive number"),
+        ({"maxRecordsPerTrigger": "1.5"}, "maxRecordsPerTrigger must be a positive whole number"),
+    ],
+)
+def test_a_stream_option_that_is_not_a_positive_number_is_refused_by_name(
+    make_topic: MakeTopic, options: dict[str, str], refusal: str
+) -> None:
+    from backlog_dagster.spark.source import BucketLogDataSource
+
+    topic = make_topic(records=10, buckets=1)
+    source = BucketLogDataSource({"path": str(topic.path), **options})
+    with pytest.raises(ValueError, match=refusal):
+        source.streamReader(source.schema())

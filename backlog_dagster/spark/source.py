@@ -49,7 +49,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -502,28 +502,27 @@ def _offsets_in_file(path: str) -> str | None:
 
 
 def _positive_int(options: Mapping[str, str], name: str, default: int | None) -> int | None:
-    text = _option(options, name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"option {name} must be a positive whole number, not {text!r}")
-    return value
+    value = _positive(options, name, int, "a positive whole number")
+    return default if value is None else int(value)
 
 
 def _positive_seconds(options: Mapping[str, str], name: str) -> float | None:
+    return _positive(options, name, float, "a positive number of seconds")
+
+
+def _positive(
+    options: Mapping[str, str], name: str, parse: Callable[[str], float], what: str
+) -> float | None:
+    """Option ``name`` parsed, None when it is not given; refused unless above 0."""
     text = _option(options, name)
     if text is None:
         return None
     try:
-        value = float(text)
+        value = parse(text)
     except ValueError:
-        value = 0.0
+        value = 0
     if not value > 0:
-        raise ValueError(f"option {name} must be a positive number of seconds, not {text!r}")
+        raise ValueError(f"option {name} must be {what}, not {text!r}")
     return value
 
 
