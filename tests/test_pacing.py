@@ -78,3 +78,12 @@ def test_a_micro_batch_that_overran_its_slot_is_followed_at_once(tmp_path: Path)
     pacer.wait()  # one that fits: back on the query's slots
     assert pacer.phase is not None
     assert (time.time() - pacer.phase) % 0.2 < 0.05
+
+
+def test_a_folder_that_cannot_be_written_leaves_spark_s_own_phase(tmp_path: Path) -> None:
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    pacer = Pacer(0.2, folder=not_a_folder / "slots")
+    pacer.wait()
+    pacer.wait()
+    assert pacer.phase == 0.0

@@ -72,7 +72,7 @@ class Pacer:
         if self.phase is not None:
             try:
                 os.utime(self._file)
-            except FileNotFoundError:  # removed as stale after a long pause: take anew
+            except OSError:  # removed as stale after a long pause, or never written
                 self.phase = None
         if self.phase is None:
             self.phase = self._take_phase()
@@ -89,10 +89,15 @@ class Pacer:
         return self.folder / f"{self.name}.json"
 
     def _take_phase(self) -> float:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with FileLock(self.folder / ".lock"):
-            phase = widest_gap_middle(self.interval, self._live_phases())
-            self._file.write_text(json.dumps({"interval": self.interval, "phase": phase}))
+        """A phase agreed with the other queries; Spark's own (0) where the folder cannot
+        be written: pacing must not fail a query."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with FileLock(self.folder / ".lock"):
+                phase = widest_gap_middle(self.interval, self._live_phases())
+                self._file.write_text(json.dumps({"interval": self.interval, "phase": phase}))
+        except OSError:
+            return 0.0
         return phase
 
     def _live_phases(self) -> list[float]:
