@@ -11,8 +11,8 @@ multiple of the interval.
 A query takes its phase when it first waits: the middle of the widest gap between the
 phases of the other paced queries live on this machine. They are kept as one small
 file per query in a folder of the system's temporary directory, each touched at every
-slot; a file untouched for several intervals belongs to a query that stopped. A query
-that stops takes its slot with it; the others keep theirs.
+slot; a file untouched for several intervals belongs to a query that stopped, and its
+slot is free again. The others keep theirs: no query moves once it has a phase.
 """
 
 from __future__ import annotations
