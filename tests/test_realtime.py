@@ -23,6 +23,7 @@ from backlog_dagster.phases.lock import exclusive_run
 from backlog_dagster.phases.markers import continue_backlog, current_generation
 from backlog_dagster.phases.query_start import QueryStart, write_start
 from backlog_dagster.phases.realtime import (
+    QUERY_START_ATTEMPTS,
     WORKER_SLOW_TO_START,
     BacklogNotFinished,
     armed_realtime,
@@ -115,13 +116,24 @@ class StartingWriter:
         return "query"
 
 
-def test_a_query_start_is_tried_again_only_when_a_python_worker_was_slow() -> None:
-    slow = StartingWriter(*[RuntimeError(f"SparkException: {WORKER_SLOW_TO_START}.")] * 2)
-    assert start_query(slow) == "query"  # type: ignore[arg-type]
-    assert slow.starts == 3
+def test_a_query_start_is_tried_again_after_growing_waits_only_when_a_python_worker_was_slow() -> (
+    None
+):
+    slow_error = RuntimeError(f"SparkException: {WORKER_SLOW_TO_START}.")
+    said: list[str] = []
+    waits: list[float] = []
+    slow = StartingWriter(*[slow_error] * 4)
+    assert start_query(slow, said.append, waits.append) == "query"  # type: ignore[arg-type]
+    assert slow.starts == 5
+    assert waits == [5, 10, 20, 30]
+    assert "starting it again in 5 s (attempt 2 of 6)" in said[0]
+    never = StartingWriter(*[slow_error] * QUERY_START_ATTEMPTS)
+    with pytest.raises(RuntimeError, match=WORKER_SLOW_TO_START):
+        start_query(never, said.append, waits.append)  # type: ignore[arg-type]
+    assert never.starts == QUERY_START_ATTEMPTS
     broken = StartingWriter(RuntimeError("AnalysisException: no such column"))
     with pytest.raises(RuntimeError, match="no such column"):
-        start_query(broken)  # type: ignore[arg-type]
+        start_query(broken, said.append, waits.append)  # type: ignore[arg-type]
     assert broken.starts == 1
 
 

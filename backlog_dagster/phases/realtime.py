@@ -39,7 +39,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tenacity import Retrying, retry_if_exception, stop_after_attempt
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
 
 from backlog_dagster import sink as sinks
 from backlog_dagster import source as sources
@@ -107,10 +113,17 @@ AUTO_READ_LIMIT_FLOOR = 100_000
 
 #: What Spark says when a new Python worker (the one that runs a query's
 #: ``foreachBatch``) did not connect back within its fixed 10 s: on a machine busy with
-#: backlogs its start can take longer. The query did not start; starting it again is
-#: safe, where the run would otherwise fail and the sensor start another 30 s later.
+#: backlogs its start can take longer (it imports PySpark and pandas first: 1.0 s of CPU
+#: on an idle machine, past 10 s at a load of 13 on 2 cores). The query did not start;
+#: starting it again is safe, where the run would otherwise fail and the sensor start
+#: another, whose Dagster process and Spark session cost more than the wait.
 WORKER_SLOW_TO_START = "Python worker failed to connect back"
-QUERY_START_ATTEMPTS = 3
+QUERY_START_ATTEMPTS = 6
+#: The waits between attempts grow from the first to the longest (s): a busy machine's
+#: load comes in waves (runs starting, other backlogs' chunks), and each attempt costs
+#: the machine a Python process start. Six attempts span about two minutes.
+QUERY_START_FIRST_WAIT_S = 5
+QUERY_START_LONGEST_WAIT_S = 30
 
 #: Micro-batch intervals up to this (s) are kept by the source's reader rather than by
 #: Spark's trigger (``spark.pacing``): Spark starts every query's micro-batches at the
@@ -218,6 +231,7 @@ def armed_realtime(
         replace(_commit_for(config, holder), run_id=run_id),
         interval,
         checkpoint_dir,
+        log,
     )
     log(f"realtime: query armed (micro-batches every {interval:g} s); it reads from the switch on")
     try:
@@ -310,7 +324,7 @@ def _run_realtime(
             shutil.rmtree(checkpoint_dir, ignore_errors=True)
             write_start(checkpoint_dir, start)
             query = _start_query(
-                new_stream_reader(spark), config, schema, commit, interval, checkpoint_dir
+                new_stream_reader(spark), config, schema, commit, interval, checkpoint_dir, log
             )
         armed = None
         try:
@@ -382,6 +396,7 @@ def _start_query(
     commit: MicroBatchCommit,
     interval: float,
     checkpoint_dir: Path,
+    log: Callable[[str], None],
 ) -> StreamingQuery:
     """The query, reading from where its start file says once it exists."""
     stream = reader.option("startingOffsetsFile", str(start_file(checkpoint_dir)))
@@ -401,14 +416,31 @@ def _start_query(
         .trigger(processingTime=f"{trigger} seconds")
         .option("checkpointLocation", str(checkpoint_dir))
     )
-    return start_query(writer)
+    return start_query(writer, log)
 
 
-def start_query(writer: DataStreamWriter) -> StreamingQuery:
-    """``writer.start()``, again while Spark's new Python worker was too slow to start."""
+def start_query(
+    writer: DataStreamWriter,
+    log: Callable[[str], None] = print,
+    sleep: Callable[[float], None] = time.sleep,
+) -> StreamingQuery:
+    """``writer.start()``, again after a growing wait while Spark's new Python worker was
+    too slow to start."""
+
+    def say(state: RetryCallState) -> None:
+        wait = state.next_action.sleep if state.next_action else 0
+        log(
+            f"realtime: the query did not start: Spark's new Python worker did not connect "
+            f"back within Spark's fixed 10 s (a busy machine); starting it again in "
+            f"{wait:.0f} s (attempt {state.attempt_number + 1} of {QUERY_START_ATTEMPTS})"
+        )
+
     for attempt in Retrying(
         retry=retry_if_exception(_worker_slow_to_start),
         stop=stop_after_attempt(QUERY_START_ATTEMPTS),
+        wait=wait_exponential(multiplier=QUERY_START_FIRST_WAIT_S, max=QUERY_START_LONGEST_WAIT_S),
+        sleep=sleep,
+        before_sleep=say,
         reraise=True,
     ):
         with attempt:
