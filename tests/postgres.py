@@ -162,10 +162,18 @@ def stopped_commits(dsn: str, pipeline: str, among: Callable[[], set[int]]) -> I
     """SIGSTOP, for the block, the process (one of ``among()``) whose sink connection
     commits ``pipeline``'s micro-batches, at a moment it is between commits (its
     connection idle, no transaction open, so it holds no lock). Yields its id."""
-    deadline = time.monotonic() + 120
+    # A realtime run restarted meanwhile (its query's start waits for a slow Python
+    # worker on a busy machine) has no commit process for minutes.
+    deadline = time.monotonic() + 300
+    ports: dict[int, str] = {}
+    workers: set[int] = set()
     with psycopg.connect(dsn, autocommit=True) as watcher:
         while True:
-            assert time.monotonic() < deadline, f"no idle commit process of {pipeline}"
+            assert time.monotonic() < deadline, (
+                f"no idle commit process of {pipeline}: last seen, the sink connections' "
+                f"client ports and states {ports}, the commit processes {workers}"
+            )
+            workers = among()
             ports = {
                 int(port): state
                 for port, state in watcher.execute(
@@ -173,7 +181,7 @@ def stopped_commits(dsn: str, pipeline: str, among: Callable[[], set[int]]) -> I
                     (f"backlog-dagster {pipeline}",),
                 ).fetchall()
             }
-            owner = next((pid for pid in among() if _local_ports(pid) & set(ports)), None)
+            owner = next((pid for pid in workers if _local_ports(pid) & set(ports)), None)
             if owner is None:
                 time.sleep(0.5)
                 continue
