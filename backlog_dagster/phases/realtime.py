@@ -39,13 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
-)
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
 from backlog_dagster import sink as sinks
 from backlog_dagster import source as sources
@@ -312,6 +306,8 @@ def _run_realtime(
     interval = _apply_settings(spark, config, checkpoint_interval, shuffle_partitions, log)
     status = RealtimeStatus()
     counts = _Counts.now(status_sink)
+    #: Queries of this run stopped by a Python worker slow to start once they ran.
+    slow_worker_stops = 0
     while True:
         start = QueryStart(generation.number, _reached(generation))
         said = f"realtime: starting at offsets {start.offsets}, micro-batches every {interval:g} s"
@@ -371,12 +367,40 @@ def _run_realtime(
                 generation = held
             elif held is not None and removed_unread(held, topic):
                 generation = handle_truncation(sink, topic, config, held, log)
+            elif (
+                held is not None
+                and _worker_slow_to_start(error)
+                and slow_worker_stops < QUERY_START_ATTEMPTS - 1
+            ):
+                # Its stream reader's or a plan's Python worker, started once the query
+                # ran: the query stopped before or between commits, and goes on from the
+                # sink's progress, as the next run would.
+                slow_worker_stops += 1
+                wait = slow_worker_wait(slow_worker_stops)
+                log(
+                    "realtime: the query stopped: one of Spark's new Python workers did not "
+                    "connect back within Spark's fixed 10 s (a busy machine); starting it "
+                    f"again from the sink's progress in {wait:.0f} s"
+                )
+                if _stopped_within(wait, should_stop):
+                    break
+                generation = held
             else:
                 raise RuntimeError(f"pipeline {config.name}: the realtime query failed: {error}")
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
         status.batches_before_restart = status.batches
     _refresh(status, counts, query.lastProgress, config, status_sink, log)
     return status
+
+
+def _stopped_within(seconds: float, should_stop: Callable[[], bool]) -> bool:
+    """Wait ``seconds``, or less if ``should_stop()``; whether it did."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if should_stop():
+            return True
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    return should_stop()
 
 
 def _replaced(generation: Generation, status_sink: Sink, log: Callable[[str], None]) -> bool:
@@ -438,7 +462,7 @@ def start_query(
     for attempt in Retrying(
         retry=retry_if_exception(_worker_slow_to_start),
         stop=stop_after_attempt(QUERY_START_ATTEMPTS),
-        wait=wait_exponential(multiplier=QUERY_START_FIRST_WAIT_S, max=QUERY_START_LONGEST_WAIT_S),
+        wait=lambda state: slow_worker_wait(state.attempt_number),
         sleep=sleep,
         before_sleep=say,
         reraise=True,
@@ -446,6 +470,11 @@ def start_query(
         with attempt:
             return writer.start()
     raise AssertionError("unreachable")  # pragma: no cover: Retrying returns or raises
+
+
+def slow_worker_wait(attempt: int) -> float:
+    """The wait (s) after the ``attempt``-th query that failed for a slow Python worker."""
+    return float(min(QUERY_START_FIRST_WAIT_S * 2 ** (attempt - 1), QUERY_START_LONGEST_WAIT_S))
 
 
 def _worker_slow_to_start(error: BaseException) -> bool:
