@@ -531,19 +531,29 @@ def stall_region_minutes_and_see_it_come_back(
         with stopped_commits(sink_dsn, "region_minutes", lambda: commit_workers(spark)):
             meanwhile()
 
-            def went_back() -> bool:
-                history = phase_history(configs, "region_minutes")[seen - 1 :]
-                return any(
-                    a[1] == "realtime" and b[1] == "backlog" and b[2] is not None
-                    for a, b in itertools.pairwise(history)
+            def way_back() -> int | None:
+                """The index in the phase history of the first way back since the stall."""
+                history = phase_history(configs, "region_minutes")
+                return next(
+                    (
+                        i
+                        for i in range(max(seen, 1), len(history))
+                        if history[i - 1][1] == "realtime"
+                        and history[i][1] == "backlog"
+                        and history[i][2] is not None
+                    ),
+                    None,
                 )
 
-            wait_until(went_back, 300, "the way back into backlog")
-        way_back = len(phase_history(configs, "region_minutes"))
+            wait_until(lambda: way_back() is not None, 300, "the way back into backlog")
+        # On a slow machine the way back and the return may both be over by now (the
+        # stall lasts as long as ``meanwhile``).
+        back = way_back()
+        assert back is not None
         wait_until(
             lambda: any(
                 p == "realtime"
-                for _, p, _, _ in phase_history(configs, "region_minutes")[way_back:]
+                for _, p, _, _ in phase_history(configs, "region_minutes")[back + 1 :]
             ),
             400,
             "the switch back to realtime",
