@@ -326,7 +326,7 @@ def _run_realtime(
         try:
             next_report = time.monotonic()
             while not should_stop():
-                if query.awaitTermination(1):
+                if _ended(query):
                     break
                 if not sink.keep_run_lock():
                     raise PhaseAlreadyRunning(
@@ -391,6 +391,17 @@ def _run_realtime(
         status.batches_before_restart = status.batches
     _refresh(status, counts, query.lastProgress, config, status_sink, log)
     return status
+
+
+def _ended(query: StreamingQuery) -> bool:
+    """Whether the query has ended, waiting up to a second. Spark raises a failed query's
+    error from ``awaitTermination``; ``query.exception()`` holds it for the caller."""
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        return bool(query.awaitTermination(1))
+    except StreamingQueryException:
+        return True
 
 
 def _stopped_within(seconds: float, should_stop: Callable[[], bool]) -> bool:
