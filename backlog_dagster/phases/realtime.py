@@ -106,7 +106,8 @@ AUTO_READ_LIMIT_FLOOR = 100_000
 
 
 #: What Spark says when a new Python worker (the one that runs a query's
-#: ``foreachBatch``) did not connect back within its fixed 10 s: on a machine busy with
+#: ``foreachBatch`` at its start, its stream reader's once it runs) did not connect back
+#: within its fixed 10 s: on a machine busy with
 #: backlogs its start can take longer (it imports PySpark and pandas first: 1.0 s of CPU
 #: on an idle machine, past 10 s at a load of 13 on 2 cores). The query did not start;
 #: starting it again is safe, where the run would otherwise fail and the sensor start
