@@ -288,6 +288,7 @@ def partial_results(
     config: PipelineConfig,
     late_windows: LateWindows | None = None,
     reference: Reference | None = None,
+    columns: Sequence[str] | None = None,
 ) -> DataFrame:
     """Apply the user's function, join the reference data, filter, derive, (window,)
     group by the keys and compute each partial aggregate; for a stateless pipeline, keep
@@ -297,6 +298,8 @@ def partial_results(
     never drops a record that did not parse. ``late_windows``: the sliding windows some
     records came too late for (``phases.micro_batch``), left out of their rows.
     ``reference``: ``transform.join``'s table as read (``phases.reference``).
+    ``columns``: those of ``records``, when the caller knows them already (on Spark
+    Connect, asking a DataFrame for them is a round trip and an analysis on the server).
     """
     transform = config.transform
     if transform.function is not None:
@@ -305,11 +308,14 @@ def partial_results(
                 records = apply_function(records, transform.function)
             except FunctionError as error:
                 raise TransformError(Problem(FUNCTION_FIELD, str(error))) from None
-    payload = tuple(c for c in records.columns if c not in METADATA_COLUMNS)
+    if columns is None or transform.function is not None:
+        columns = records.columns
+    payload = tuple(c for c in columns if c not in METADATA_COLUMNS)
     if transform.join is not None:
         assert reference is not None, "transform.join needs the reference data read"
         records = with_reference(records, transform.join, reference)
-    parts = _plan_parts(records, config, payload)
+        columns = records.columns
+    parts = _plan_parts(records, config, tuple(columns), payload)
     if parts.keep is not None:
         with _naming("transform.filter", transform.filter or ""):
             records = records.where(parts.keep)
@@ -395,8 +401,12 @@ def _spark_of(records: DataFrame) -> object:
     return session if is_connect(session) else session.sparkContext
 
 
-def _plan_parts(records: DataFrame, config: PipelineConfig, payload: tuple[str, ...]) -> _PlanParts:
-    key = (config.model_dump_json(), *records.columns, "|", *payload)
+def _plan_parts(
+    records: DataFrame, config: PipelineConfig, columns: tuple[str, ...], payload: tuple[str, ...]
+) -> _PlanParts:
+    """The plan's parts for ``records`` (whose ``columns`` the caller knows), built once
+    per Spark, pipeline and input columns."""
+    key = (config.model_dump_json(), *columns, "|", *payload)
     held = _parts_by_spark.setdefault(_spark_of(records), {})
     if key not in held:
         held[key] = _build_plan_parts(records, config, list(payload))
