@@ -288,7 +288,7 @@ def test_a_small_micro_batch_read_where_it_commits_is_aggregated_without_a_shuff
         # schema are used when the records are read here.
         batch = source.read_batch(spark, read_schema(config, source))
         records, table = micro_batch._records_of(
-            batch, source, {0: 0, 1: 0}, topic.latest_offsets(), windowed=False
+            batch, batch.schema, source, {0: 0, 1: 0}, topic.latest_offsets(), windowed=False
         )
     plan = io.StringIO()
     with contextlib.redirect_stdout(plan):
