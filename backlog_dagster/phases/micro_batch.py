@@ -202,8 +202,7 @@ class MicroBatchCommit:
         on_time, late, late_windows = _split_late(records, config, held, as_arrow, self.read_limit)
         reference = _reference_for(config, sink)
         prepared = time.monotonic()
-        partials = partial_results(on_time, config, late_windows, reference, columns)
-        aggregated = collect(partials)
+        aggregated = collect(partial_results(on_time, config, late_windows, reference, columns))
         aggregated_at = time.monotonic()
         try:
             refuse_bad_records(config, aggregated.dead_letters)
