@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from backlog_dagster.components.dev_server import (
+    POSTGRES_INSTANCE,
     all_of,
     copy_project,
     dagster_dev,
@@ -34,7 +35,6 @@ from backlog_dagster.components.dev_server import (
     on_postgres,
     on_spark,
     postgres_url,
-    write_postgres_instance,
 )
 from backlog_dagster.components.pipeline import with_paths_under
 from backlog_dagster.log.topic import Topic, create_topic
@@ -206,7 +206,8 @@ def _on_postgres(conninfo: str, home: Path) -> Edit:
     demo_database = psycopg.conninfo.make_conninfo(conninfo, dbname=DEMO_DATABASE)
     os.environ[DEMO_DSN_ENV] = demo_database
     os.environ["DAGSTER_POSTGRES_URL"] = postgres_url(demo_database)
-    write_postgres_instance(Path.cwd(), home)
+    home.mkdir(parents=True)
+    shutil.copy(POSTGRES_INSTANCE, home / "dagster.yaml")
     console.print(
         f"results and Dagster's storage in PostgreSQL database {DEMO_DATABASE} "
         f"(results in schema example; read them with psql -d {DEMO_DATABASE})"

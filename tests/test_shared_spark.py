@@ -10,9 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
@@ -122,47 +120,6 @@ def test_on_spark_connect_a_dead_runs_query_commits_nothing_and_stops_and_the_ne
         results = sink.read_results().to_pandas()
     oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
     assert_same(results, oracle, ["customer_id"])
-
-
-def test_on_spark_connect_a_realtime_runs_job_does_not_wait_for_backlog_jobs(
-    connect: servers.SparkServer, tmp_path: Path
-) -> None:
-    """Two backlog sessions' long jobs hold both task slots (a task each, their turns
-    tied); a realtime run's one-task job, submitted after them, runs at the next free
-    slot rather than after both jobs (the fair scheduler alone breaks that tie by stage
-    id, and did: 11 to 12 s of waiting under ``dagster dev``)."""
-    from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
-
-    from backlog_dagster.components.pipeline import pipeline_spark
-
-    config = pipeline(tmp_path, CUSTOMER_TOTALS, spark_master=connect.url)
-    tasks, task_s = 12, 1.0
-    with pipeline_spark(config, "realtime") as realtime, ThreadPoolExecutor(2) as pool:
-        # Backlog runs set no pool; each run has a session of its own.
-        backlogs = [SparkSession.builder.remote(connect.url).create() for _ in range(2)]
-
-        @F.udf("long")
-        def slow(value: int) -> int:
-            time.sleep(task_s)
-            return value
-
-        def long_job(spark: Any) -> None:
-            spark.range(0, tasks, 1, tasks).select(slow("id").alias("id")).collect()
-
-        began = time.monotonic()
-        jobs = [pool.submit(long_job, spark) for spark in backlogs]
-        time.sleep(3 * task_s)  # both jobs are running their tasks
-        asked = time.monotonic()
-        realtime.range(1).count()
-        waited = time.monotonic() - asked
-        for job in jobs:
-            job.result()
-        backlog_s = time.monotonic() - began
-        for spark in backlogs:
-            spark.stop()
-    assert waited < 3 * task_s, (waited, backlog_s)
-    assert backlog_s > waited + 4 * task_s, (waited, backlog_s)  # the jobs were still going
 
 
 def test_a_warm_up_leaves_the_process_that_asked_for_it_free_to_start_a_local_spark(

@@ -15,6 +15,7 @@ example on the embedded log and SQLite sink, each run with a Spark of its own.)
 from __future__ import annotations
 
 import itertools
+import shutil
 import signal
 import threading
 import time
@@ -27,13 +28,13 @@ import pytest
 from dagster_graphql import DagsterGraphQLClient
 
 from backlog_dagster.components.dev_server import (
+    POSTGRES_INSTANCE,
     all_of,
     copy_project,
     on_kafka,
     on_postgres,
     on_spark,
     postgres_url,
-    write_postgres_instance,
 )
 from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG
 from backlog_dagster.kafka.mirror import mirrored
@@ -145,7 +146,8 @@ def test_the_example_under_dagster_dev_switches_recovers_goes_back_and_returns(
         sooner_way_back,
     )
     copy_project(ROOT, project, edits)
-    write_postgres_instance(ROOT, home)
+    home.mkdir()
+    shutil.copy(ROOT / POSTGRES_INSTANCE, home / "dagster.yaml")
     configs = {
         name: example_config(name, tmp_path, project)
         for name in ("customer_totals", "region_minutes")

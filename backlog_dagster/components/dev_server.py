@@ -21,10 +21,8 @@ import yaml
 from backlog_dagster.components.pipeline import DATA_ENV
 from backlog_dagster.spark.servers import free_port
 
-#: The project's Dagster instance settings (the run queue's and the sensors' threads).
-INSTANCE_SETTINGS = Path("dagster.yaml")
 #: Dagster's run, event-log and schedule storage on PostgreSQL (dagster-postgres), its
-#: server named by ``DAGSTER_POSTGRES_URL``: a ``storage`` section for ``dagster.yaml``.
+#: server named by ``DAGSTER_POSTGRES_URL``; copy it to ``$DAGSTER_HOME/dagster.yaml``.
 POSTGRES_INSTANCE = Path("deploy") / "dagster-postgres.yaml"
 
 
@@ -56,11 +54,9 @@ def start_dagster_dev(
     """Start ``dagster dev`` in a session of its own and wait until its webserver answers.
 
     Its output goes to ``home/dagster-dev.log`` (appended to, so a restart keeps the
-    earlier output). A home without a ``dagster.yaml`` gets the project's.
+    earlier output).
     """
     home.mkdir(parents=True, exist_ok=True)
-    if not (home / "dagster.yaml").exists() and (project / INSTANCE_SETTINGS).exists():
-        shutil.copy(project / INSTANCE_SETTINGS, home / "dagster.yaml")
     port, log_path = free_port(), home / "dagster-dev.log"
     with log_path.open("a") as log:
         process = subprocess.Popen(
@@ -87,14 +83,6 @@ def start_dagster_dev(
         stop_dagster_dev(process)
         raise
     return server, process
-
-
-def write_postgres_instance(project: Path, home: Path) -> None:
-    """``home/dagster.yaml``: the project's instance settings, and Dagster's storage on
-    PostgreSQL (``POSTGRES_INSTANCE``)."""
-    home.mkdir(parents=True, exist_ok=True)
-    parts = (project / INSTANCE_SETTINGS, project / POSTGRES_INSTANCE)
-    (home / "dagster.yaml").write_text("\n".join(p.read_text() for p in parts if p.exists()))
 
 
 def stop_dagster_dev(process: subprocess.Popen[bytes]) -> None:
@@ -172,9 +160,8 @@ def postgres_url(conninfo: str) -> str:
 
 
 def copy_project(project: Path, target: Path, edit: Callable[[dict[str, Any]], bool]) -> None:
-    """Copy ``project`` (its definitions, workspace, pyproject and instance settings) to
-    ``target``; ``edit`` changes each pipeline's attributes in place, and returns False
-    to leave it out."""
+    """Copy ``project`` (its definitions, workspace and pyproject) to ``target``; ``edit``
+    changes each pipeline's attributes in place, and returns False to leave it out."""
     shutil.copytree(
         project / "definitions",
         target / "definitions",
@@ -182,8 +169,6 @@ def copy_project(project: Path, target: Path, edit: Callable[[dict[str, Any]], b
     )
     for name in ("workspace.yaml", "pyproject.toml"):  # dg finds the project by the latter
         shutil.copy(project / name, target / name)
-    if (project / INSTANCE_SETTINGS).exists():
-        shutil.copy(project / INSTANCE_SETTINGS, target / INSTANCE_SETTINGS)
     for defs in (target / "definitions" / "defs").glob("*/defs.yaml"):
         document = yaml.safe_load(defs.read_text())
         if edit(document["attributes"]):

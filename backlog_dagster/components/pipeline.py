@@ -208,14 +208,9 @@ def pipeline_spark(
     it says ``{env: NAME}``), with the phase's ``spark_conf`` and then the run's; errors
     of the block never show a master read from there."""
     from backlog_dagster.pipeline.secrets import resolve, secret_kept_out
-    from backlog_dagster.spark.servers import REALTIME_POOL
-    from backlog_dagster.spark.session import SCHEDULER_POOL, get_session
+    from backlog_dagster.spark.session import get_session
 
-    if phase == "backlog":
-        phase_conf = dict(pipeline.backlog.spark_conf)
-    else:
-        # On a shared Spark a realtime run's jobs get a slot first (``servers.FAIR_POOLS``).
-        phase_conf = {SCHEDULER_POOL: REALTIME_POOL, **pipeline.realtime.spark_conf}
+    phase_conf = pipeline.backlog.spark_conf if phase == "backlog" else pipeline.realtime.spark_conf
     master = resolve(pipeline.spark_master, "spark_master")
     with secret_kept_out(pipeline.spark_master, master):
         session = get_session(master, f"{phase}-{pipeline.name}", {**phase_conf, **run_conf})

@@ -90,8 +90,7 @@ _SPARK_CONF_HELP = (
     "(spark.executor.memory, spark.executor.cores, spark.cores.max, spark.driver.memory) "
     "take effect where a run starts its own Spark (local[*], a standalone cluster); a "
     "Spark Connect server fixed them when it started, and a run refuses them there. "
-    "Session settings (spark.sql.*, and spark.scheduler.pool: realtime runs' jobs go "
-    "to the fair scheduler's realtime pool unless it names another) apply everywhere."
+    "Session settings (spark.sql.*) apply everywhere."
 )
 
 

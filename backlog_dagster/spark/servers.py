@@ -28,28 +28,12 @@ CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 
-#: The fair scheduler's pool of realtime runs' jobs (standbys' included): a session
-#: names it in ``spark.scheduler.pool`` (``session.SCHEDULER_POOL``).
-REALTIME_POOL = "realtime"
-
-#: The fair scheduler's pools. Jobs without a pool of their own (backlog runs') share the
-#: default pool fairly, so a long backlog job does not hold up another's until it ends
-#: (Spark's default pool is first in, first out). Within a pool the fair scheduler gives
-#: a free task slot to the job with the fewest tasks running, and breaks ties by stage
-#: id: on two cores, two backlog jobs each running one task took turns, and every job
-#: submitted after them (a standby's one-task checks, a chunk of a third pipeline) waited
-#: until they ended, 11 to 12 s (``bench/e2e.py``'s Spark event log). Realtime jobs have
-#: a pool of their own with a minimum share of one task slot: while none of its tasks
-#: runs, its next task takes the next free slot, so a micro-batch or a standby's start
-#: never queues behind a backlog's read.
-FAIR_POOLS = f"""<?xml version="1.0"?>
+#: The fair scheduler's pools: jobs without a pool of their own (every session's) share
+#: the default pool fairly, so a long backlog job does not hold up another pipeline's
+#: micro-batches until it ends (Spark's default pool is first in, first out).
+FAIR_POOLS = """<?xml version="1.0"?>
 <allocations>
-  <pool name="default">
-    <schedulingMode>FAIR</schedulingMode><weight>1</weight><minShare>0</minShare>
-  </pool>
-  <pool name="{REALTIME_POOL}">
-    <schedulingMode>FAIR</schedulingMode><weight>1</weight><minShare>1</minShare>
-  </pool>
+  <pool name="default"><schedulingMode>FAIR</schedulingMode><weight>1</weight></pool>
 </allocations>
 """
 

@@ -56,10 +56,6 @@ LAUNCH_CONF: Mapping[str, str] = {
     "spark.python.worker.reuse": "true",
 }
 DEFAULT_CONF: Mapping[str, str] = {**SESSION_CONF, **LAUNCH_CONF}
-#: The fair scheduler's pool a session's jobs go to. Spark hands a session's ``spark.*``
-#: settings to the jobs it runs as their properties, so on a Spark Connect server a
-#: session (not only a thread of the server) chooses its pool.
-SCHEDULER_POOL = "spark.scheduler.pool"
 
 
 def use_this_python() -> None:
@@ -75,9 +71,8 @@ class SparkSettingRefused(ValueError):
 def spark_config(master: str, app_name: str, conf: Mapping[str, str] = {}) -> dict[str, str]:
     """Every setting of a session on ``master``: this project's defaults, then ``conf``.
 
-    A Spark Connect server (``sc://``) takes session settings only (``spark.sql.*`` and
-    ``spark.scheduler.pool``); a launch setting for it is refused, naming it, rather
-    than silently not applied. A
+    A Spark Connect server (``sc://``) takes session (``spark.sql.*``) settings only; a
+    launch setting for it is refused, naming it, rather than silently not applied. A
     driver this process starts maps its classes from the class-data archive when one
     fits (``spark.class_archive``), before any Java options ``conf`` gives.
     """
@@ -88,9 +83,7 @@ def spark_config(master: str, app_name: str, conf: Mapping[str, str] = {}) -> di
             given = settings.get(DRIVER_JAVA_OPTIONS, "")
             settings[DRIVER_JAVA_OPTIONS] = f"{archive} {given}".strip()
         return settings
-    fixed = sorted(
-        key for key in conf if not key.startswith("spark.sql.") and key != SCHEDULER_POOL
-    )
+    fixed = sorted(key for key in conf if not key.startswith("spark.sql."))
     if fixed:
         raise SparkSettingRefused(
             f"spark_conf: {', '.join(fixed)} cannot be set per run on a Spark Connect "
