@@ -861,8 +861,9 @@ def _markdown(results: dict[str, Any]) -> str:
         for case, figures in cases.items()
     )
     dev_up = [f["dagster_dev_up_s"] for f in cases.values() if "dagster_dev_up_s" in f]
+    took = f"{min(dev_up)} to {max(dev_up)}" if dev_up and min(dev_up) != max(dev_up) else ""
     since = "when `dagster dev` answered" + (
-        f" (its own start took {min(dev_up)} to {max(dev_up)} s, medians per case, not counted)"
+        f" (its own start took {took or dev_up[0]} s, medians per case, not counted)"
         if dev_up
         else ""
     )
