@@ -97,6 +97,8 @@ class Outcome:
     #: Keys whose record count matched the oracle but whose values did not.
     mismatched: int = 0
     note: str = ""
+    #: Where the pipelines stood when a trial did not recover (for the failure message).
+    diagnosis: str = field(default="", repr=False)
 
 
 class ExampleUnderTest:
@@ -300,6 +302,44 @@ class ExampleUnderTest:
             env={**os.environ, DATA_ENV: str(self.data)},
         )
 
+    def diagnose(self, since: float) -> str:
+        """Each pipeline's phase and commits, its newest runs, and its sensor's last ticks:
+        what a trial that did not recover leaves to read."""
+        now = time.time()
+        lines = []
+        for pipeline in PIPELINES:
+            commit = self.realtime_commit_since(pipeline, since)
+            lines.append(
+                f"{pipeline}: phase {self.phase(pipeline)}, realtime commit since the kill: "
+                f"{'none' if commit is None else f'{now - commit:.0f} s ago'}, "
+                f"progress {self.progress(pipeline)}"
+            )
+            for phase in ("backlog", "realtime"):
+                runs = self.instance.get_runs(
+                    filters=dg.RunsFilter(job_name=f"{pipeline}_{phase}_job"), limit=3
+                )
+                for run in runs:
+                    stats = self.instance.get_run_stats(run.run_id)
+                    lines.append(
+                        f"  {phase} run {run.run_id[:8]} {run.status.value} "
+                        f"key {run.tags.get('dagster/run_key')} "
+                        f"launched {_ago(now, stats.launch_time)} ended {_ago(now, stats.end_time)}"
+                        f" reason {run.tags.get('dagster/failure_reason')}"
+                    )
+        for state in self.instance.all_instigator_state(instigator_type=dg.InstigatorType.SENSOR):
+            ticks = self.instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=3)
+            for tick in ticks:
+                error = tick.error.message.strip()[:300] if tick.error else ""
+                lines.append(
+                    f"sensor {state.instigator_name} ({state.status.value}): tick "
+                    f"{_ago(now, tick.timestamp)} {tick.status.value} runs {list(tick.run_keys)} "
+                    f"skip {(tick.skip_reason or '')[:200]!r} {error}"
+                )
+        log = self.home / "dagster-dev.log"
+        if log.exists():
+            lines += ["dagster-dev.log, last lines:", *log.read_text().splitlines()[-15:]]
+        return "\n".join(lines)
+
     # -- waiting -----------------------------------------------------------------------
 
     def wait_caught_up(self, timeout: float) -> bool:
@@ -384,6 +424,8 @@ def recover(example: ExampleUnderTest, struck: Strike) -> Outcome:
             max(example.realtime_commit_since(p, since) or since for p in targets) - killed_at,
             1,
         )
+    else:
+        outcome.diagnosis = example.diagnose(since)
     audit_into(outcome, example)
     return outcome
 
@@ -576,6 +618,10 @@ def _holds_write_lock(pids: set[int], shm_inode: int) -> bool:
                 if end == "EOF" or int(end) >= _WAL_WRITE_LOCK_BYTE:
                     return True
     return False
+
+
+def _ago(now: float, moment: float | None) -> str:
+    return "never" if moment is None else f"{now - moment:.0f} s ago"
 
 
 def poll(condition: Callable[[], Any], timeout: float, interval: float = 1.0) -> bool:

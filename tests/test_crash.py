@@ -55,7 +55,7 @@ def test_no_record_is_lost_or_doubled_whatever_is_killed(tmp_path: Path) -> None
         example.stop()
     assert sorted(o.kill_point for o in outcomes) == sorted(KILL_POINTS)
     for outcome in outcomes:
-        assert outcome.recovered, outcome
+        assert outcome.recovered, f"{outcome}\n{outcome.diagnosis}"
         assert (outcome.lost, outcome.duplicated, outcome.mismatched) == (0, 0, 0), outcome
     # A commit may still complete between seeing its write lock and the kill landing
     # (a few milliseconds); that trial then says so, and is not asserted on.

@@ -198,3 +198,48 @@ def test_the_standby_starts_once_the_backlogs_eta_is_within_its_lead(
         # Reading, no rate known yet (one chunk, no read task ended): no ETA to wait for.
         publish(reading, 4, read=0)
         assert requested(instance) == standby
+
+
+def test_a_run_left_starting_or_cancelling_with_no_process_is_ended_and_replaced(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """Dagster marks a run starting before it asks the code server to launch it; a daemon
+    killed in between leaves it starting with no process, and (without run monitoring,
+    which is off by default) nothing else ever ends it."""
+    make_topic(records=1_000, buckets=2)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS, switch={"standby": False, "heartbeat_timeout": 1})
+    defs = pipeline_definitions(config)
+    sensor = defs.resolve_sensor_def("customer_totals_switch")
+    with dg.instance_for_test() as instance:
+        first = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
+        starting = add_run(instance, dg.DagsterRunStatus.NOT_STARTED)
+        instance.report_dagster_event(
+            dg.DagsterEvent(
+                event_type_value=dg.DagsterEventType.PIPELINE_STARTING.value, job_name=JOB
+            ),
+            run_id=starting.run_id,
+        )
+
+        def tick() -> Any:
+            return sensor(
+                dg.build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs)
+            )
+
+        # Launched a moment ago: still on its way.
+        assert tick().skip_reason.skip_message.endswith(f"backlog run {starting.run_id} is active")
+        time.sleep(1.2)
+        replaced = tick()
+        assert [r.job_name for r in replaced.run_requests] == [JOB]
+        failed = instance.get_run_by_id(starting.run_id)
+        assert failed is not None and failed.status == dg.DagsterRunStatus.FAILURE
+
+        # A run being cancelled whose process is gone (the cancel reached nothing) is
+        # marked cancelled once silent, and replaced like any other ended run.
+        canceling = add_run(instance, dg.DagsterRunStatus.CANCELING)
+        with open_sink(config) as sink:
+            sink.beat(canceling.run_id)
+        assert tick().skip_reason.skip_message.endswith(f"backlog run {canceling.run_id} is active")
+        time.sleep(1.2)
+        assert [r.job_name for r in tick().run_requests] == [JOB]
+        cancelled = instance.get_run_by_id(canceling.run_id)
+        assert cancelled is not None and cancelled.status == dg.DagsterRunStatus.CANCELED

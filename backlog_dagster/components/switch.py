@@ -24,7 +24,10 @@ where the watermark-lag strategy needs it:
 
 A backlog or realtime run that stopped beating its heartbeat in the sink (its process
 died, which Dagster's default run launcher cannot see) is marked failed and restarted at
-once, from the sink's progress.
+once, from the sink's progress; so is one left starting that never started (the daemon
+was killed between marking it starting and launching it, or its process died before it
+began), and a run being cancelled whose process is gone is marked cancelled: without
+Dagster's run monitoring (off by default) either would stay active for ever.
 
 Run keys make every request idempotent: two ticks never start two runs.
 """
@@ -149,11 +152,7 @@ def switch_sensor(
             for phase, run in last.items():
                 if run is not None and _silent(context, sink, run, config):
                     died.add(phase)
-                    context.instance.report_run_failed(
-                        run,
-                        f"no heartbeat for {config.switch.heartbeat_timeout:g} s: the run's "
-                        f"process is gone; the switch sensor restarts the {phase} phase",
-                    )
+                    _end_silent_run(context, run, phase, config)
                     last[phase] = context.instance.get_run_by_id(run.run_id)
             generation, misfit = _markers(context, config, sink)
             if misfit:
@@ -659,18 +658,47 @@ def _standby_of(run: dg.DagsterRun, number: int) -> bool:
     )
 
 
+#: The statuses of a run that has, or is about to have, a process of its own.
+_LIVE = (
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+)
+
+
 def _silent(
     context: dg.SensorEvaluationContext,
     state: Sink,
     run: dg.DagsterRun,
     config: PipelineConfig,
 ) -> bool:
-    """A started run that has not beaten its heartbeat within the timeout."""
-    if run.status != dg.DagsterRunStatus.STARTED:
+    """A run that has not beaten its heartbeat within the timeout: started, being
+    cancelled (its process gone, the cancel reaches nothing), or launched that long ago
+    and not started (normally a matter of seconds)."""
+    if run.status not in _LIVE:
         return False
     stats = context.instance.get_run_stats(run.run_id)
     seen = max(state.last_beat(run.run_id) or 0, stats.start_time or 0, stats.launch_time or 0)
     return time.time() - seen > config.switch.heartbeat_timeout
+
+
+def _end_silent_run(
+    context: dg.SensorEvaluationContext, run: dg.DagsterRun, phase: str, config: PipelineConfig
+) -> None:
+    """Mark a silent run ended: cancelled if it was being cancelled (so a user's cancel
+    still pauses the phase), failed otherwise."""
+    timeout = f"{config.switch.heartbeat_timeout:g} s"
+    if run.status == dg.DagsterRunStatus.CANCELING:
+        context.instance.report_run_canceled(
+            run, f"no heartbeat for {timeout} while cancelling: the run's process is gone"
+        )
+        return
+    silence = "no heartbeat" if run.status == dg.DagsterRunStatus.STARTED else "not started"
+    context.instance.report_run_failed(
+        run,
+        f"{silence} for {timeout}: the run's process is gone; the switch sensor restarts "
+        f"the {phase} phase",
+    )
 
 
 def _failed_early(context: dg.SensorEvaluationContext, run: dg.DagsterRun) -> bool:

@@ -672,8 +672,8 @@ class SwitchConfig(Frozen):
     heartbeat_timeout: Duration = Field(
         60,
         gt=0,
-        description="A realtime run silent this long (its process died) is marked failed and "
-        "restarted.",
+        description="A backlog or realtime run silent this long (its process died), or "
+        "launched this long ago and not started, is marked failed and restarted.",
     )
     standby: bool = Field(
         True,
