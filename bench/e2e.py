@@ -28,6 +28,11 @@ shipped. Two cases, alternating, ``repeat`` runs each:
   pipeline's ``realtime.checkpoint_interval`` at 0.5 s;
 - ``shared Spark unwarmed, 0.5 s micro-batches`` (only with ``--case``): the same on a
   server that skipped the warm-up (``--warm-up 0``), as every shared server did before;
+- ``shared Spark, 0.5 s micro-batches, no standby`` (only with ``--case``): the same with
+  ``switch.standby: false``: each realtime run starts at its switch. On a shared server
+  a realtime run starts no JVM, so what a standby saves at the switch is smaller, and
+  what it costs beside the backlogs (a Dagster run, a session and an armed query per
+  pipeline) is measured against it;
 - ``without the start and checkpoint cuts`` (only with ``--case``): as shipped, but
   every driver starts without the class-data archive (moved aside for the run) and
   realtime writes its checkpoints through Spark's default file manager: the baseline
@@ -134,6 +139,10 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
     "shared_spark": {},
     "shared_spark_half_second": {"realtime": {"checkpoint_interval": 0.5}},
     "shared_spark_half_second_cold": {"realtime": {"checkpoint_interval": 0.5}},
+    "shared_spark_half_second_no_standby": {
+        "realtime": {"checkpoint_interval": 0.5},
+        "switch": {"standby": False},
+    },
     "without_start_cuts": {
         "realtime": {
             "spark_conf": {
@@ -148,7 +157,12 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
 #: Cases whose drivers start without the class-data archive.
 WITHOUT_CLASS_ARCHIVE = {"without_start_cuts"}
 #: Cases whose runs share one Spark Connect server, started before ``dagster dev``.
-SHARED_SPARK = {"shared_spark", "shared_spark_half_second", "shared_spark_half_second_cold"}
+SHARED_SPARK = {
+    "shared_spark",
+    "shared_spark_half_second",
+    "shared_spark_half_second_cold",
+    "shared_spark_half_second_no_standby",
+}
 #: Shared-Spark cases whose server starts without the warm-up that ``backlog-dagster spark
 #: connect-server`` runs by default.
 UNWARMED = {"shared_spark_half_second_cold"}
@@ -819,6 +833,7 @@ LABELS = {
     "standby_lead_60s": "standby lead 60 s",
     "shared_spark": "one shared Spark Connect server",
     "shared_spark_half_second": "shared Spark, 0.5 s micro-batches",
+    "shared_spark_half_second_no_standby": "shared Spark, 0.5 s, no standby",
     "shared_spark_half_second_cold": "shared Spark unwarmed, 0.5 s micro-batches",
     "without_start_cuts": "without the start and checkpoint cuts",
 }
