@@ -47,6 +47,7 @@ from typing import Any
 import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
+from dagster._core.definitions.run_request import InstigatorType
 
 from backlog_dagster.components.dev_server import (
     DevServer,
@@ -326,7 +327,7 @@ class ExampleUnderTest:
                         f"launched {_ago(now, stats.launch_time)} ended {_ago(now, stats.end_time)}"
                         f" reason {run.tags.get('dagster/failure_reason')}"
                     )
-        for state in self.instance.all_instigator_state(instigator_type=dg.InstigatorType.SENSOR):
+        for state in self.instance.all_instigator_state(instigator_type=InstigatorType.SENSOR):
             ticks = self.instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=3)
             for tick in ticks:
                 error = tick.error.message.strip()[:300] if tick.error else ""
