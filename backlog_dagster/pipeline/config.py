@@ -673,7 +673,8 @@ class SwitchConfig(Frozen):
         60,
         gt=0,
         description="A backlog or realtime run silent this long (its process died), or "
-        "launched this long ago and not started, is marked failed and restarted.",
+        "launched this long ago and not started, is marked failed and restarted; one being "
+        "cancelled is marked cancelled.",
     )
     standby: bool = Field(
         True,
