@@ -1,15 +1,20 @@
-"""The settings a run's Spark starts with, and the class-data archive its driver maps."""
+"""The settings a run's Spark starts with, the class-data archive its driver maps, and
+the Spark home it is launched from."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from backlog_dagster.spark import class_archive
+from backlog_dagster.spark import class_archive, home
 from backlog_dagster.spark.session import spark_config
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 JAVA_OPTIONS = class_archive.DRIVER_JAVA_OPTIONS
 
@@ -53,3 +58,40 @@ def test_a_local_driver_maps_the_class_archive() -> None:
     )
     assert started.returncode == 0, started.stderr[-2000:]
     assert "rows 3" in started.stdout
+
+
+def imported_pyspark(spark: SparkSession) -> str:
+    """Where the Python workers of ``spark`` import PySpark from."""
+    from pyspark.sql import functions as F
+
+    @F.udf("string")
+    def pyspark_file(_: int) -> str:
+        import pyspark
+
+        return str(pyspark.__file__)
+
+    row = spark.range(1).select(pyspark_file("id").alias("file")).first()
+    assert row is not None
+    return str(row["file"])
+
+
+def test_spark_is_launched_from_the_installation_without_its_zipped_pyspark(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    launch = home.launch_home()
+    assert home.launch_home() == launch  # made once
+    assert (launch / "bin" / "spark-submit").exists()
+    assert sorted(p.name for p in (launch / "jars").iterdir()) == sorted(
+        p.name for p in (home.installed_home() / "jars").iterdir()
+    )
+    assert not (launch / "python").exists()
+    assert home.spark_home() == launch
+    monkeypatch.setenv("SPARK_HOME", "/opt/spark")  # a Spark home the user set is kept
+    assert home.spark_home() == Path("/opt/spark")
+
+
+def test_spark_s_python_workers_import_the_installed_pyspark(spark: SparkSession) -> None:
+    """Not the zipped copy Spark puts first on their path, whose modules every process
+    compiles again."""
+    assert imported_pyspark(spark) == str(home.installed_home() / "__init__.py")

@@ -15,7 +15,8 @@ archive that does not fit says so in one line and starts as usual. ``backlog-dag
 spark class-archive`` writes it (``make`` does, when it sets up ``.venv``): a Spark driver
 of its own runs small pipelines, backlog then realtime (``spark.sample_run``), so the
 classes of both phases are loaded, and dumps them as it exits. It lives in the virtual
-environment when there is one (gone with it), else in the user's cache.
+environment when there is one (gone with it), else in the user's cache
+(``spark.home.project_folder``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from backlog_dagster.spark.home import project_folder, spark_home
+
 #: The driver's own classpath: a driver that adds to it cannot use the archive.
 EXTRA_CLASSPATH = "spark.driver.extraClassPath"
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
@@ -37,7 +40,7 @@ DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
 def archive_path() -> Path:
     """Where the archive for this Python's PySpark and this machine's Java belongs."""
-    return _folder() / f"spark-driver-{_fingerprint()}.jsa"
+    return project_folder() / f"spark-driver-{_fingerprint()}.jsa"
 
 
 def driver_java_option(conf: Mapping[str, str]) -> str | None:
@@ -78,19 +81,13 @@ def write_archive(log: Callable[[str], None] = print) -> Path:
     return path
 
 
-def _folder() -> Path:
-    if sys.prefix != sys.base_prefix:  # a virtual environment
-        return Path(sys.prefix) / "var" / "backlog-dagster"
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "backlog-dagster"
-
-
 def _fingerprint() -> str:
-    """What an archive must match: PySpark's jars and the Java that Spark starts (as
-    ``spark-class`` finds it: ``JAVA_HOME``, else ``java`` on the path)."""
+    """What an archive must match: PySpark's jars, by the path a driver loads them from
+    (``spark.home``), and the Java that Spark starts (as ``spark-class`` finds it:
+    ``JAVA_HOME``, else ``java`` on the path)."""
     import pyspark
 
-    jars = Path(pyspark.__file__).parent / "jars"
+    jars = spark_home() / "jars"
     parts = [pyspark.__version__, str(jars), *sorted(p.name for p in jars.glob("*.jar"))]
     java_home = os.environ.get("JAVA_HOME")
     java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")

@@ -1,5 +1,6 @@
-"""Long-lived Spark processes, started from the pyspark installation: a Spark Connect
-server and a standalone cluster (a master and its workers).
+"""Long-lived Spark processes, started from the pyspark installation (through
+``spark.home.launch_home``): a Spark Connect server and a standalone cluster (a master
+and its workers).
 
 Pipelines attach to them with ``spark_master: sc://host:port`` (Connect) or
 ``spark://host:port`` (standalone); a run then pays no JVM start of its own on Connect,
@@ -22,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from backlog_dagster.spark.home import launch_home
 from backlog_dagster.spark.session import LAUNCH_CONF, SESSION_CONF
 
 CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -56,13 +58,6 @@ class SparkServer:
     port: int
     log: Path
     process: subprocess.Popen[bytes]
-
-
-def spark_home() -> Path:
-    """The pyspark installation, which carries Spark's launch scripts and jars."""
-    import pyspark
-
-    return Path(pyspark.__file__).parent
 
 
 def free_port() -> int:
@@ -134,7 +129,7 @@ def _start(
 ) -> SparkServer:
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"{name.replace(' ', '-')}.log"
-    home = spark_home()
+    home = launch_home()
     environment = {
         **os.environ,
         "SPARK_HOME": str(home),

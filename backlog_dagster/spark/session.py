@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from backlog_dagster.spark.class_archive import DRIVER_JAVA_OPTIONS, driver_java_option
+from backlog_dagster.spark.home import spark_home
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -59,9 +60,11 @@ DEFAULT_CONF: Mapping[str, str] = {**SESSION_CONF, **LAUNCH_CONF}
 
 
 def use_this_python() -> None:
-    """Make Spark's Python workers run this interpreter, where the package is installed."""
+    """Make Spark's Python workers run this interpreter, where the package is installed,
+    and import its installed PySpark (``spark.home``)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ["SPARK_HOME"] = str(spark_home())
 
 
 class SparkSettingRefused(ValueError):
