@@ -90,7 +90,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import sqlite3
 import statistics
 import subprocess
@@ -107,6 +106,7 @@ import dagster as dg
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the harness in tests/
 
 from cases import ProgressPoller, record_latencies, wait_until
 from cpu import CpuSampler
@@ -121,7 +121,8 @@ from backlog_dagster.pipeline.load import load_pipeline
 from backlog_dagster.sink import open_sink
 from backlog_dagster.spark.class_archive import archive_path
 from backlog_dagster.spark.sample_run import DEFAULT_WARM_UP_S
-from backlog_dagster.spark.servers import SparkServer, free_port
+from backlog_dagster.spark.servers import SparkServer
+from tests.connect_server import connect_server_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINES = EXAMPLES
@@ -328,42 +329,6 @@ def code_of(checkout: Path | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def connect_server_cli(
-    folder: Path, conf: dict[str, str], warm_up_s: float
-) -> Iterator[SparkServer]:
-    """``backlog-dagster spark connect-server`` as a user runs it, with the code the
-    block's processes get (``code_of``), from when it says it is up until SIGTERM."""
-    port = free_port()
-    command = [str(Path(sys.executable).with_name("backlog-dagster")), "spark"]
-    command += ["connect-server", "--port", str(port), "--dir", str(folder)]
-    command += ["--warm-up", f"{warm_up_s:g}"]
-    for key, value in conf.items():
-        command += ["--conf", f"{key}={value}"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"sc://127.0.0.1:{port}"
-    try:
-        assert process.stdout is not None
-        said = []
-        for line in process.stdout:  # it gives up by itself if the server does not start
-            print(line, end="", flush=True)
-            said.append(line)
-            if line.startswith(f"Spark Connect server up: {url}"):
-                break
-        else:
-            raise RuntimeError("the Connect server exited before it was up:\n" + "".join(said))
-        # Its later output (nothing but Ctrl-C's) must not fill the pipe.
-        threading.Thread(target=process.stdout.read, daemon=True).start()
-        yield SparkServer("connect server", url, port, folder / "connect-server.log", process)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-@contextlib.contextmanager
 def class_archive_aside(aside: bool) -> Iterator[None]:
     """The class-data archive moved out of the drivers' sight while the block runs."""
     path = archive_path()
@@ -403,8 +368,10 @@ def one_run(
                     "spark.eventLog.compress": "false",
                 }
             started = time.monotonic()
-            server = stack.enter_context(
-                connect_server_cli(data / "spark-connect", conf=conf, warm_up_s=warm_up_s)
+            server, _ = stack.enter_context(
+                connect_server_cli(
+                    data / "spark-connect", conf=conf, warm_up_s=warm_up_s, echo=True
+                )
             )
             server_up_s = round(time.monotonic() - started, 1)
         run = _one_run(data, args, changes, seed, server, project)

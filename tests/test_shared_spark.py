@@ -23,6 +23,7 @@ from backlog_dagster.spark import home, servers
 from backlog_dagster.spark.sample_run import warm_up_server
 from backlog_dagster.spark.session import SparkSettingRefused, spark_config
 from tests.conftest import MakeTopic, append_orders
+from tests.connect_server import connect_server_cli
 from tests.pipelines import (
     CUSTOMER_TOTALS,
     assert_same,
@@ -40,28 +41,11 @@ def connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.SparkS
     """``backlog-dagster spark connect-server`` as a user runs it (without the warm-up,
     which ``warm_up_server``'s own test runs on it), from when it says it is up until
     SIGTERM."""
-    folder, port = tmp_path_factory.mktemp("connect"), servers.free_port()
-    command = [str(Path(sys.executable).with_name("backlog-dagster")), "spark"]
-    command += ["connect-server", "--port", str(port), "--master", "local[2]"]
-    command += ["--dir", str(folder), "--warm-up", "0"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    server = servers.SparkServer(
-        "connect server", f"sc://127.0.0.1:{port}", port, folder / "connect-server.log", process
-    )
-    said = []
-    try:
-        servers.wait_until_listening(server)
-        assert process.stdout is not None
-        for line in process.stdout:
-            said.append(line)
-            if "Spark Connect server up" in line:
-                break
+    folder = tmp_path_factory.mktemp("connect")
+    with connect_server_cli(folder, master="local[2]") as (server, said):
         yield server
-    finally:
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=60)
-    assert process.returncode == 0, "".join(said) + output
-    assert f"Spark Connect server up: sc://127.0.0.1:{port}" in "".join(said)
+    assert server.process.returncode == 0, "".join(said)
+    assert f"Spark Connect server up: {server.url}" in "".join(said)
 
 
 def commit_workers(server: servers.SparkServer) -> set[int]:
