@@ -337,6 +337,8 @@ class Timeline:
         """Print news for one pipeline; return 1 while its realtime run is up."""
         import dagster as dg
 
+        from backlog_dagster.components.switch import STARTED_AS_TAG, runs_of_phase
+
         with open_sink(self.pipelines[name]) as sink:
             generation = sink.current_generation()
             history = sink.phase_history()
@@ -365,13 +367,17 @@ class Timeline:
                 f"{name}: [bold]{change.phase}[/] (isBacklog={change.phase == 'backlog'}), "
                 f"generation {change.generation}{lag}: {change.cause}",
             )
-        runs = instance.get_runs(filters=dg.RunsFilter(job_name=f"{name}_realtime_job"), limit=1)
+        runs = runs_of_phase(instance, name, "realtime")
         if runs and runs[0].status == dg.DagsterRunStatus.STARTED:
-            config = runs[0].run_config.get("ops")
+            run = runs[0]
+            if run.tags.get(STARTED_AS_TAG) == "backlog":
+                how = "the backlog run went on as the realtime run, with its Spark"
+            else:
+                how = f"started with {run.run_config.get('ops')}" + (
+                    " (a standby, warming up for the backlog's end)" if phase == "backlog" else ""
+                )
             self.say(
-                f"{name} realtime {runs[0].run_id}",
-                f"{name}: realtime run {runs[0].run_id[:8]} started with {config}"
-                + (" (a standby, warming up for the backlog's end)" if phase == "backlog" else ""),
+                f"{name} realtime {run.run_id}", f"{name}: realtime run {run.run_id[:8]} {how}"
             )
             return 1 if committed else 0
         return 0

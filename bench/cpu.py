@@ -129,6 +129,8 @@ class CpuSampler(threading.Thread):
                 tags = run.tags
                 if tags.get(STANDBY_TAG) == "true" or tags.get(STARTED_AS_TAG) == "standby":
                     role = "standby"
+                elif tags.get(STARTED_AS_TAG) == "backlog":
+                    role = "backlog, then realtime"
                 else:
                     role = tags.get("backlog_dagster/phase", "other runs")
                 pipeline = run.job_name.removesuffix("_backlog_job").removesuffix("_realtime_job")

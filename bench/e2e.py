@@ -8,15 +8,19 @@ process), and ``dagster dev`` on a copy of the example project, every pipeline a
 shipped. Two cases, alternating, ``repeat`` runs each:
 
 - ``as shipped``: a backlog run that reaches its markers with more than
-  ``backlog.residual_records`` (100,000) records after them reads on in batch;
+  ``backlog.residual_records`` (100,000) records after them reads on in batch, and once
+  the switch is due goes on as the realtime run with its own Spark;
 - ``switch at the first markers``: the same with ``residual_records: 0``, as before it;
+- ``a standby beside each backlog`` (only with ``--case``): ``switch.standby`` on and
+  ``continue_as_realtime`` off, as shipped before 2026-11-27 evening: a realtime run
+  started with each backlog run, warm and armed when the backlog ends;
 - ``half-second micro-batches`` (only with ``--case``): as shipped with every
   pipeline's ``realtime.checkpoint_interval`` at 0.5 s, for realtime's latency;
 - ``half-second micro-batches, C1-only realtime drivers`` (only with ``--case``): the
-  same, with every realtime (and standby) run's driver JVM compiling with C1 alone
+  same, with every realtime run's driver JVM compiling with C1 alone
   (``-XX:TieredStopAtLevel=1``, as ``realtime.spark_conf`` sets it): less JIT work in
   each fresh driver, against less optimized code once warm;
-- ``standby lead 60 s`` (only with ``--case``): as shipped with
+- ``standby lead 60 s`` (only with ``--case``): a standby, with
   ``switch.standby_lead: 60``: each standby starts once its backlog run is reading and
   its ETA, when known, is within a minute, rather than with the backlog run;
 - ``one shared Spark Connect server`` (only with ``--case``): as shipped with every
@@ -28,11 +32,11 @@ shipped. Two cases, alternating, ``repeat`` runs each:
   pipeline's ``realtime.checkpoint_interval`` at 0.5 s;
 - ``shared Spark unwarmed, 0.5 s micro-batches`` (only with ``--case``): the same on a
   server that skipped the warm-up (``--warm-up 0``), as every shared server did before;
-- ``shared Spark, 0.5 s micro-batches, no standby`` (only with ``--case``): the same with
-  ``switch.standby: false``: each realtime run starts at its switch. On a shared server
-  a realtime run starts no JVM, so what a standby saves at the switch is smaller, and
-  what it costs beside the backlogs (a Dagster run, a session and an armed query per
-  pipeline) is measured against it;
+- ``shared Spark, 0.5 s, a standby`` (only with ``--case``): the same with a standby
+  beside each backlog run, as above;
+- ``shared Spark, 0.5 s, realtime started at the switch`` (only with ``--case``): the
+  same with neither a standby nor the backlog run going on: each realtime run starts
+  at its switch;
 - ``without the start and checkpoint cuts`` (only with ``--case``): as shipped, but
   every driver starts without the class-data archive (moved aside for the run) and
   realtime writes its checkpoints through Spark's default file manager: the baseline
@@ -126,24 +130,32 @@ from tests.connect_server import connect_server_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINES = EXAMPLES
+#: A standby realtime run beside each backlog run, as shipped before 2026-11-27 evening.
+STANDBY = {"standby": True, "continue_as_realtime": False}
 #: case → the settings it changes in every pipeline (section → setting → value).
 CASES: dict[str, dict[str, dict[str, Any]]] = {
     "as_shipped": {},
     "switch_at_first_markers": {"backlog": {"residual_records": 0}},
     "half_second_micro_batches": {"realtime": {"checkpoint_interval": 0.5}},
     "half_second_c1_realtime": {
+        "switch": STANDBY,  # a realtime run's own driver
         "realtime": {
             "checkpoint_interval": 0.5,
             "spark_conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"},
         }
     },
-    "standby_lead_60s": {"switch": {"standby_lead": 60}},
+    "standby": {"switch": STANDBY},
+    "standby_lead_60s": {"switch": {**STANDBY, "standby_lead": 60}},
     "shared_spark": {},
     "shared_spark_half_second": {"realtime": {"checkpoint_interval": 0.5}},
     "shared_spark_half_second_cold": {"realtime": {"checkpoint_interval": 0.5}},
+    "shared_spark_half_second_standby": {
+        "realtime": {"checkpoint_interval": 0.5},
+        "switch": STANDBY,
+    },
     "shared_spark_half_second_no_standby": {
         "realtime": {"checkpoint_interval": 0.5},
-        "switch": {"standby": False},
+        "switch": {"standby": False, "continue_as_realtime": False},
     },
     "without_start_cuts": {
         "realtime": {
@@ -163,6 +175,7 @@ SHARED_SPARK = {
     "shared_spark",
     "shared_spark_half_second",
     "shared_spark_half_second_cold",
+    "shared_spark_half_second_standby",
     "shared_spark_half_second_no_standby",
 }
 #: Shared-Spark cases whose server starts without the warm-up that ``backlog-dagster spark
@@ -552,26 +565,35 @@ def micro_batches(events: Path, began: float) -> list[dict[str, Any]]:
 def first_realtime_runs(home: Path, began: float) -> dict[str, dict[str, Any]]:
     """Per pipeline, its first realtime run: whether it was a standby, and when it was
     requested and began (s from the start): the switch gap is short only when it began
-    well before the switch."""
+    well before the switch. A backlog run that went on as the realtime run
+    (``switch.continue_as_realtime``) began as the realtime run when it said so."""
     found: dict[str, dict[str, Any]] = {}
     with dg.DagsterInstance.from_config(str(home)) as instance:
         for pipeline in PIPELINES:
             records = instance.get_run_records(
                 dg.RunsFilter(job_name=f"{pipeline}_realtime_job"), ascending=True, limit=1
+            ) + instance.get_run_records(
+                dg.RunsFilter(job_name=f"{pipeline}_backlog_job", tags={STARTED_AS_TAG: "backlog"}),
+                ascending=True,
+                limit=1,
             )
             if not records:
                 continue
-            record = records[0]
+            record = min(records, key=lambda r: r.create_timestamp)
             tags = record.dagster_run.tags
             said = {
                 entry.user_message: entry.timestamp
                 for entry in instance.all_logs(record.dagster_run.run_id)
             }
+            went_on = _first_said(said, "backlog: going on as the realtime run", began)
             found[pipeline] = {
                 "realtime_run_standby": tags.get(STANDBY_TAG) == "true"
                 or tags.get(STARTED_AS_TAG) == "standby",
+                "realtime_run_went_on_from_backlog": went_on is not None,
                 "realtime_run_requested_s": round(record.create_timestamp.timestamp() - began, 1),
-                "realtime_run_began_s": None
+                "realtime_run_began_s": went_on
+                if went_on is not None
+                else None
                 if record.start_time is None
                 else round(record.start_time - began, 1),
                 **{
@@ -842,7 +864,9 @@ LABELS = {
     "standby_lead_60s": "standby lead 60 s",
     "shared_spark": "one shared Spark Connect server",
     "shared_spark_half_second": "shared Spark, 0.5 s micro-batches",
-    "shared_spark_half_second_no_standby": "shared Spark, 0.5 s, no standby",
+    "shared_spark_half_second_standby": "shared Spark, 0.5 s, a standby",
+    "shared_spark_half_second_no_standby": "shared Spark, 0.5 s, realtime started at the switch",
+    "standby": "a standby beside each backlog",
     "shared_spark_half_second_cold": "shared Spark unwarmed, 0.5 s micro-batches",
     "without_start_cuts": "without the start and checkpoint cuts",
 }

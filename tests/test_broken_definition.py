@@ -82,14 +82,15 @@ def test_a_broken_definition_fixed_in_place_runs_without_a_reset(
         # core to the tests beside this one.
         attributes["spark_master"] = "local[1]"
         if attributes["name"] != "customer_totals":
-            # Added once the browser is done: both cores, no standby's JVM besides, and
-            # a short backlog.
+            # Added once the browser is done: both cores and a short backlog (each
+            # backlog run goes on as its realtime run, as shipped).
             attributes["spark_master"] = "local[*]"
-            attributes["switch"]["standby"] = False
             attributes["source"]["start"] = {"offsets": late_start}
             added_later[attributes["name"]] = attributes
             return False
         attributes["transform"]["filter"] = BROKEN_FILTER
+        # A standby realtime run beside the backlog run, which fails on the same check.
+        attributes["switch"] |= {"standby": True, "continue_as_realtime": False}
         # Reports and ticks often enough for a browser to see them within seconds.
         attributes["switch"] |= {"interval": "2s", "status_every": "1s", "report_every": "2s"}
         return True

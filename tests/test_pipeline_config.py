@@ -249,6 +249,49 @@ def test_a_lag_threshold_must_exceed_the_allowed_lateness(tmp_path: Path) -> Non
     ) in str(error.value)
 
 
+def test_one_spark_for_both_phases_when_the_backlog_run_goes_on(tmp_path: Path) -> None:
+    """With ``switch.continue_as_realtime`` (the default) one Spark serves both phases:
+    the realtime phase may set SQL settings of its own, not launch it differently; and
+    no standby is started beside it."""
+    import yaml
+
+    defs = tmp_path / "defs.yaml"
+    attributes = with_change("switch", {"continue_as_realtime": True})
+    attributes["backlog"] = {"spark_conf": {"spark.driver.memory": "2g"}}
+    attributes["realtime"] = {"spark_conf": {"spark.sql.shuffle.partitions": "2"}}
+    defs.write_text(
+        yaml.safe_dump({"type": "backlog_dagster.BacklogPipeline", "attributes": attributes})
+    )
+    with pytest.raises(PipelineFileError) as error:
+        load_pipeline(defs)
+    assert (
+        "attributes: Value error, switch.continue_as_realtime: the backlog run's Spark goes "
+        "on as the realtime run's, so realtime.spark_conf cannot launch it differently (not "
+        "as in backlog.spark_conf: spark.driver.memory)"
+    ) in str(error.value)
+    attributes["realtime"]["spark_conf"]["spark.driver.memory"] = "2g"
+    defs.write_text(
+        yaml.safe_dump({"type": "backlog_dagster.BacklogPipeline", "attributes": attributes})
+    )
+    assert load_pipeline(defs).switch.continue_as_realtime
+
+    # A standby and a backlog run that goes on: one of the two starts realtime.
+    attributes["switch"]["standby"] = True
+    defs.write_text(
+        yaml.safe_dump({"type": "backlog_dagster.BacklogPipeline", "attributes": attributes})
+    )
+    with pytest.raises(PipelineFileError) as error:
+        load_pipeline(defs)
+    assert ("attributes.switch: Value error, standby and continue_as_realtime are both on") in str(
+        error.value
+    )
+    attributes["switch"]["continue_as_realtime"] = False
+    defs.write_text(
+        yaml.safe_dump({"type": "backlog_dagster.BacklogPipeline", "attributes": attributes})
+    )
+    assert load_pipeline(defs).switch.standby
+
+
 def test_durations_take_units(tmp_path: Path) -> None:
     import yaml
 

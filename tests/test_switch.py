@@ -36,7 +36,7 @@ from backlog_dagster.components.dev_server import (
     on_spark,
     postgres_url,
 )
-from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG
+from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG, runs_of_phase
 from backlog_dagster.kafka.mirror import mirrored
 from backlog_dagster.kafka.mock_broker import mock_broker
 from backlog_dagster.log import Topic
@@ -69,10 +69,13 @@ LAG_THRESHOLD_S = 45
 
 
 def sooner_way_back(attributes: dict[str, Any]) -> bool:
-    """An ``edit`` for ``copy_project``: region_minutes' threshold is ``LAG_THRESHOLD_S``;
-    the session runs customer_totals and region_minutes only."""
+    """An ``edit`` for ``copy_project``: region_minutes' threshold is ``LAG_THRESHOLD_S``
+    (its backlog runs go on as its realtime runs, as shipped), and customer_totals has a
+    standby realtime run instead; the session runs these two pipelines only."""
     if attributes["name"] == "region_minutes":
         attributes["backlog"]["watermark_lag_threshold"] = f"{LAG_THRESHOLD_S}s"
+    if attributes["name"] == "customer_totals":
+        attributes["switch"] |= {"standby": True, "continue_as_realtime": False}
     return attributes["name"] in ("customer_totals", "region_minutes")
 
 
@@ -377,7 +380,7 @@ def the_shared_spark_dies_and_comes_back(
     try:
         before = {name: committed(configs, name) for name in configs}
         runs_before = {
-            name: {r.run_id for r in runs_of(instance, f"{name}_realtime_job")} for name in configs
+            name: {r.run_id for r in runs_of_phase(instance, name, "realtime")} for name in configs
         }
         servers.stop(spark, signal.SIGKILL)
         killed_at = time.monotonic()
@@ -390,8 +393,8 @@ def the_shared_spark_dies_and_comes_back(
         def recovered(name: str) -> bool:
             started = [
                 r
-                for r in runs_of(instance, f"{name}_realtime_job")
-                if r.run_id not in runs_before[name] and r.status == dg.DagsterRunStatus.STARTED
+                for r in runs_of_phase(instance, name, "realtime", [dg.DagsterRunStatus.STARTED])
+                if r.run_id not in runs_before[name]
             ]
             return bool(started) and committed(configs, name) > before[name]
 
@@ -506,9 +509,9 @@ def stall_region_minutes_and_see_it_come_back(
     """
 
     def realtime_run() -> dg.DagsterRun | None:
-        runs = runs_of(instance, "region_minutes_realtime_job")
-        started = [r for r in runs if r.status == dg.DagsterRunStatus.STARTED]
-        return started[0] if started else None
+        started = [dg.DagsterRunStatus.STARTED]
+        runs = runs_of_phase(instance, "region_minutes", "realtime", started)
+        return runs[0] if runs else None
 
     producer = LiveProducer(topic.path, per_second=1_000)
     before = committed(configs, "region_minutes")

@@ -22,6 +22,8 @@ from tests.conftest import MakeTopic
 from tests.pipelines import CUSTOMER_TOTALS, pipeline
 
 JOB = "customer_totals_backlog_job"
+#: A standby realtime run beside the backlog run, rather than the backlog run going on.
+WITH_STANDBY = {"standby": True, "continue_as_realtime": False}
 
 
 def add_run(
@@ -36,7 +38,7 @@ def test_a_run_refused_by_hand_hides_no_active_run_and_only_own_failures_wait(
     make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     make_topic(records=1_000, buckets=2)
-    config = pipeline(tmp_path, CUSTOMER_TOTALS, switch={"standby": False})
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
     defs = pipeline_definitions(config)
     sensor = defs.resolve_sensor_def("customer_totals_switch")
     cursor: list[str | None] = [None]
@@ -125,7 +127,7 @@ def test_a_standby_whose_backlog_keeps_failing_is_ended_and_not_paused(
     make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     make_topic(records=1_000, buckets=2)
-    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS, switch=WITH_STANDBY)
     defs = pipeline_definitions(config)
     sensor = defs.resolve_sensor_def("customer_totals_switch")
     with dg.instance_for_test() as instance:
@@ -163,7 +165,7 @@ def test_the_standby_starts_once_the_backlogs_eta_is_within_its_lead(
     make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     make_topic(records=1_000, buckets=2)
-    config = pipeline(tmp_path, CUSTOMER_TOTALS, switch={"standby_lead": 10})
+    config = pipeline(tmp_path, CUSTOMER_TOTALS, switch={**WITH_STANDBY, "standby_lead": 10})
     defs = pipeline_definitions(config)
     sensor = defs.resolve_sensor_def("customer_totals_switch")
     cursor: list[str | None] = [None]
@@ -207,7 +209,7 @@ def test_a_run_left_starting_or_cancelling_with_no_process_is_ended_and_replaced
     killed in between leaves it starting with no process, and (without run monitoring,
     which is off by default) nothing else ever ends it."""
     make_topic(records=1_000, buckets=2)
-    config = pipeline(tmp_path, CUSTOMER_TOTALS, switch={"standby": False, "heartbeat_timeout": 1})
+    config = pipeline(tmp_path, CUSTOMER_TOTALS, switch={"heartbeat_timeout": 1})
     defs = pipeline_definitions(config)
     sensor = defs.resolve_sensor_def("customer_totals_switch")
     with dg.instance_for_test() as instance:
@@ -243,3 +245,64 @@ def test_a_run_left_starting_or_cancelling_with_no_process_is_ended_and_replaced
         assert [r.job_name for r in tick().run_requests] == [JOB]
         cancelled = instance.get_run_by_id(canceling.run_id)
         assert cancelled is not None and cancelled.status == dg.DagsterRunStatus.CANCELED
+
+
+def test_a_backlog_run_that_went_on_as_realtime_is_the_realtime_run(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """With ``switch.continue_as_realtime`` (the default) the backlog job runs the
+    realtime step after the backlog's, and no standby is started; once the run said it
+    went on (its phase tag), the sensor watches it as the realtime phase's run: it starts
+    no other while it runs, restarts realtime when it dies, and leaves realtime paused
+    when a user cancelled it."""
+    make_topic(records=1_000, buckets=2)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    assert config.switch.continue_as_realtime and not config.switch.standby
+    defs = pipeline_definitions(config)
+    job = defs.resolve_job_def(JOB)
+    assert {k.to_user_string() for k in job.asset_layer.selected_asset_keys} == {
+        "customer_totals_backlog",
+        "customer_totals_realtime",
+    }
+    sensor = defs.resolve_sensor_def("customer_totals_switch")
+
+    def went_on(instance: dg.DagsterInstance) -> tuple[dg.DagsterRun, Any]:
+        first = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
+        assert [r.job_name for r in first.run_requests] == [JOB]  # no standby beside it
+        run = add_run(instance, dg.DagsterRunStatus.STARTED, **{"backlog_dagster/phase": "backlog"})
+        with open_sink(config) as sink:
+            sink.beat(run.run_id)
+            generation = sink.current_generation()
+            assert generation is not None
+            sink.record_phase(
+                generation.number, "realtime", "every bucket reached its marker", None
+            )
+        instance.add_run_tags(
+            run.run_id,
+            {"backlog_dagster/phase": "realtime", "backlog_dagster/started_as": "backlog"},
+        )
+        return run, first.cursor
+
+    def tick(instance: dg.DagsterInstance, cursor: Any) -> Any:
+        return sensor(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+
+    with dg.instance_for_test() as instance:
+        run, cursor = went_on(instance)
+        serving = tick(instance, cursor)
+        assert serving.run_requests == []
+        assert serving.skip_reason.skip_message.endswith(f"realtime run {run.run_id} is active")
+        # Its process died after it had served a while: realtime starts again at once.
+        instance.report_run_failed(run)
+        restarted = tick(instance, serving.cursor)
+        assert [r.job_name for r in restarted.run_requests] == ["customer_totals_realtime_job"]
+
+    for sink_file in tmp_path.glob("results.sqlite*"):  # the pipeline starts afresh
+        sink_file.unlink()
+    with dg.instance_for_test() as instance:
+        run, cursor = went_on(instance)
+        instance.report_run_canceled(run)
+        paused = tick(instance, cursor)
+        assert paused.run_requests == []
+        assert f"the realtime run {run.run_id} was cancelled by a user" in (
+            paused.skip_reason.skip_message
+        )

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
@@ -28,7 +29,7 @@ from pydantic import BaseModel, Field
 
 from backlog_dagster.components.scaffold import BacklogPipelineScaffolder
 from backlog_dagster.pipeline.config import BacklogConfig, PipelineConfig
-from backlog_dagster.sink import BucketState, open_sink
+from backlog_dagster.sink import BucketState, Sink, open_sink
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -154,10 +155,27 @@ def pipeline_definitions(config: PipelineConfig, defs_file: Path | None = None) 
         f"on, until cancelled. Launched by the {config.name}_switch sensor, first as a "
         "standby that waits for the backlog to end.",
     }
+    selections = {
+        "backlog": [f"{config.name}_backlog"],
+        "realtime": [f"{config.name}_realtime"],
+    }
+    if config.switch.continue_as_realtime:
+        # The realtime step after the backlog step, in the backlog run's process (the
+        # executor is in-process), goes on with the backlog's Spark.
+        selections["backlog"].append(f"{config.name}_realtime")
+        descriptions["backlog"] += (
+            " Once its backlog has ended and the switch is due, the run goes on as the "
+            "realtime run with the same Spark."
+        )
+        descriptions["realtime"] = (
+            f"{config.name}'s realtime phase, when the backlog run did not go on as the "
+            f"realtime run (it died, or the way back ran): launched by the "
+            f"{config.name}_switch sensor."
+        )
     jobs = [
         dg.define_asset_job(
             f"{config.name}_{phase}_job",
-            selection=[f"{config.name}_{phase}"],
+            selection=selections[phase],
             executor_def=dg.in_process_executor,
             description=description,
         )
@@ -202,25 +220,73 @@ def with_paths_under(config: PipelineConfig, root: Path) -> PipelineConfig:
 
 @contextmanager
 def pipeline_spark(
-    pipeline: PipelineConfig, phase: str, run_conf: Mapping[str, str] = {}
+    pipeline: PipelineConfig, phase: str, run_conf: Mapping[str, str] = {}, run_id: str = ""
 ) -> Iterator["SparkSession"]:
     """The run's Spark session on the pipeline's master (read from the environment when
     it says ``{env: NAME}``), with the phase's ``spark_conf`` and then the run's; errors
-    of the block never show a master read from there."""
+    of the block never show a master read from there. A realtime step gets the session
+    its run's backlog step handed over (``hand_over``), if it did."""
     from backlog_dagster.pipeline.secrets import resolve, secret_kept_out
     from backlog_dagster.spark.session import get_session
 
     phase_conf = pipeline.backlog.spark_conf if phase == "backlog" else pipeline.realtime.spark_conf
     master = resolve(pipeline.spark_master, "spark_master")
+    handed = _handed_over.pop(run_id, None) if phase == "realtime" and run_id else None
     with secret_kept_out(pipeline.spark_master, master):
-        session = get_session(master, f"{phase}-{pipeline.name}", {**phase_conf, **run_conf})
+        if handed is None:
+            session = get_session(master, f"{phase}-{pipeline.name}", {**phase_conf, **run_conf})
+        else:
+            session = handed.spark
+            _settings_of_realtime(session, master, handed.settings, {**phase_conf, **run_conf})
         try:
             yield session
         finally:
             # A Spark Connect server outlives the run: let go of the run's session there
-            # (its cached data, any query left) now rather than at the session timeout.
-            if master.startswith("sc://"):
+            # (its cached data, any query left) now rather than at the session timeout,
+            # unless the run's realtime step goes on with it.
+            if master.startswith("sc://") and run_id not in _handed_over:
                 session.stop()
+
+
+@dataclass(frozen=True)
+class _HandedOver:
+    spark: "SparkSession"
+    #: The settings the backlog phase put on the session.
+    settings: Mapping[str, str]
+
+
+#: Sessions a backlog step handed to its run's realtime step, by run id: the steps run
+#: one after the other in the run's process (``switch.continue_as_realtime``).
+_handed_over: dict[str, _HandedOver] = {}
+
+
+def hand_over(run_id: str, spark: "SparkSession", settings: Mapping[str, str]) -> None:
+    """Leave the backlog step's session (and the ``settings`` it put on it) to the run's
+    realtime step."""
+    _handed_over[run_id] = _HandedOver(spark, dict(settings))
+
+
+def handed_over(run_id: str) -> bool:
+    return run_id in _handed_over
+
+
+def _settings_of_realtime(
+    spark: "SparkSession", master: str, backlog_settings: Mapping[str, str], conf: Mapping[str, str]
+) -> None:
+    """Give the backlog's session the SQL settings a realtime run's own session starts
+    with: what the backlog set goes back to the project's default or away, then the
+    realtime phase's own (its launch settings are the backlog's: ``PipelineConfig``)."""
+    from backlog_dagster.spark.session import spark_config
+
+    fresh = spark_config(master, "realtime", conf)
+    for key in (k for k in backlog_settings if k.startswith("spark.sql.")):
+        if key in fresh:
+            spark.conf.set(key, fresh[key])
+        else:
+            spark.conf.unset(key)
+    for key, value in conf.items():
+        if key.startswith("spark.sql."):
+            spark.conf.set(key, value)
 
 
 def user_error_types() -> tuple[type[Exception], ...]:
@@ -293,11 +359,12 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
         from backlog_dagster.components.observations import backlog_finished_metadata
         from backlog_dagster.phases.backlog import run_backlog
 
+        run_id = context.run.run_id
         with (
             cancel_said_plainly(context.log.info, "backlog"),
             user_errors(defs_file),
-            heartbeat(pipeline, context.run.run_id),
-            pipeline_spark(pipeline, "backlog", config.spark_conf) as spark,
+            heartbeat(pipeline, run_id),
+            pipeline_spark(pipeline, "backlog", config.spark_conf, run_id) as spark,
         ):
             settings = backlog_settings(pipeline.backlog, config)
             with open_sink(pipeline) as sink:
@@ -307,12 +374,14 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
                     sink,
                     checkpoint_interval=config.checkpoint_interval,
                     log=context.log.info,
-                    run_id=context.run.run_id,
+                    run_id=run_id,
                 )
                 in_table = sink.dead_letter_count()
                 finished = backlog_finished_metadata(
                     sink, report.generation, report.rows_read, report.seconds
                 )
+                if goes_on_as_realtime(context, pipeline):
+                    _go_on_as_realtime(context, pipeline, sink, spark, report.spark_settings)
         metadata = finished | report_metadata(report)
         metadata["dead_letters_in_table"] = dg.MetadataValue.int(in_table)
         metadata["dead_letter_table"] = dg.MetadataValue.text(
@@ -321,6 +390,41 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
         return dg.MaterializeResult(metadata=metadata)
 
     return backlog
+
+
+def goes_on_as_realtime(context: dg.AssetExecutionContext, pipeline: PipelineConfig) -> bool:
+    """Whether this run is the pipeline's backlog job with its realtime step after the
+    backlog's (``switch.continue_as_realtime``); a backlog asset materialized on its own
+    does not go on."""
+    return (
+        pipeline.switch.continue_as_realtime and context.job_name == f"{pipeline.name}_backlog_job"
+    )
+
+
+def _go_on_as_realtime(
+    context: dg.AssetExecutionContext,
+    pipeline: PipelineConfig,
+    sink: Sink,
+    spark: "SparkSession",
+    settings: Mapping[str, str],
+) -> None:
+    """Once the backlog has ended: when the switch is due (the same policy the sensor
+    applies), record it and leave the session to the run's realtime step, whose run
+    then counts as the realtime run (its tags say so). Otherwise the run ends with its
+    backlog, and the switch sensor goes on from there (new markers, or the switch)."""
+    from backlog_dagster.components.switch import PHASE_TAG, STARTED_AS_TAG
+    from backlog_dagster.phases.standby import switched_if_due
+
+    def say(message: str) -> None:
+        context.log.info(f"backlog: {message}")
+
+    if not switched_if_due(pipeline, sink, "backlog run", say):
+        say("the switch is not due yet; this run ends with its backlog")
+        return
+    run_id = context.run.run_id
+    context.instance.add_run_tags(run_id, {PHASE_TAG: "realtime", STARTED_AS_TAG: "backlog"})
+    hand_over(run_id, spark, settings)
+    say("going on as the realtime run with this Spark")
 
 
 def backlog_settings(backlog: BacklogConfig, run: BacklogRunConfig) -> BacklogConfig:
@@ -380,9 +484,14 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
         from backlog_dagster.phases.realtime import armed_realtime, run_realtime
         from backlog_dagster.phases.standby import await_switch, warm_up
 
-        checkpoint = (
-            Path(pipeline.realtime.checkpoint_location) / pipeline.name / context.run.run_id
-        )
+        run_id = context.run.run_id
+        if goes_on_as_realtime(context, pipeline) and not handed_over(run_id):
+            context.log.info(
+                "realtime: this backlog run does not go on as the realtime run (the switch "
+                "was not due when its backlog ended); nothing materialized"
+            )
+            return
+        checkpoint = Path(pipeline.realtime.checkpoint_location) / pipeline.name / run_id
         try:
             with (
                 cancel_said_plainly(context.log.info, "realtime"),
@@ -390,7 +499,7 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
                 heartbeat(pipeline, context.run.run_id),
                 open_sink(pipeline) as sink,
                 open_sink(pipeline) as status_sink,
-                pipeline_spark(pipeline, "realtime", config.spark_conf) as spark,
+                pipeline_spark(pipeline, "realtime", config.spark_conf, run_id) as spark,
                 ExitStack() as standby,
             ):
                 # The run's spark_conf over the YAML's, so that the phase leaves its keys alone.

@@ -76,8 +76,12 @@ RETRY_AFTER_S = 30
 #: code failed; a run whose process died has another reason, or none.
 OWN_FAILURES = frozenset({"STEP_FAILURE", "RUN_EXCEPTION", "JOB_INITIALIZATION_FAILURE"})
 
+#: A run's phase: the one it was requested for, or "realtime" once a backlog run went
+#: on as the realtime run (``switch.continue_as_realtime``).
+PHASE_TAG = "backlog_dagster/phase"
 #: A realtime run's tags: waiting as a standby ("true") or not (it took over at the
-#: switch, or never was one); and how it started.
+#: switch, or never was one); and how it started ("standby", or "backlog" for a backlog
+#: run that went on as the realtime run).
 STANDBY_TAG = "backlog_dagster/standby"
 STARTED_AS_TAG = "backlog_dagster/started_as"
 
@@ -146,7 +150,7 @@ def switch_sensor(
         cursor = json.loads(context.cursor or "{}")
         events: list[dg.AssetObservation | dg.AssetCheckEvaluation] = []
         now = time.time()
-        last = {phase: _last_run(context, job) for phase, job in job_of.items()}
+        last = _last_runs(context, job_of)
         died: set[str] = set()
         with open_sink(config) as sink:
             for phase, run in last.items():
@@ -248,6 +252,52 @@ def _last_run(context: dg.SensorEvaluationContext, job: str) -> dg.DagsterRun | 
         if runs:
             return runs[0]
     return None
+
+
+def _last_runs(
+    context: dg.SensorEvaluationContext, job_of: dict[str, str]
+) -> dict[str, dg.DagsterRun | None]:
+    """Each phase's run to watch (``_last_run`` of its job). A backlog run that went on
+    as the realtime run (its phase tag says realtime) is the realtime phase's, unless a
+    realtime run was requested after it (it died, or the way back ended it)."""
+    last = {phase: _last_run(context, job) for phase, job in job_of.items()}
+    went_on, realtime = last["backlog"], last["realtime"]
+    if went_on is None or went_on.tags.get(PHASE_TAG) != "realtime":
+        return last
+    if realtime is None or (
+        realtime.status not in ACTIVE and _created(context, went_on) > _created(context, realtime)
+    ):
+        realtime = went_on
+    return {"backlog": None, "realtime": realtime}
+
+
+def _created(context: dg.SensorEvaluationContext, run: dg.DagsterRun) -> float:
+    return created_at(context.instance, run)
+
+
+def created_at(instance: dg.DagsterInstance, run: dg.DagsterRun) -> float:
+    record = instance.get_run_record_by_id(run.run_id)
+    return 0.0 if record is None else record.create_timestamp.timestamp()
+
+
+def runs_of_phase(
+    instance: dg.DagsterInstance,
+    pipeline: str,
+    phase: str,
+    statuses: list[dg.DagsterRunStatus] | None = None,
+) -> list[dg.DagsterRun]:
+    """The pipeline's runs of ``phase`` (with one of ``statuses``), the newest first: its
+    phase job's, and for realtime its backlog runs that went on as the realtime run; a
+    run's phase tag says which (a run launched by hand has none: its job's)."""
+    runs = [
+        run
+        for job in ("backlog", "realtime")
+        for run in instance.get_runs(
+            filters=dg.RunsFilter(job_name=f"{pipeline}_{job}_job", statuses=statuses)
+        )
+        if run.tags.get(PHASE_TAG, job) == phase
+    ]
+    return sorted(runs, key=lambda run: created_at(instance, run), reverse=True)
 
 
 def _for_generation(cursor: dict[str, Any], number: int) -> dict[str, Any]:
@@ -543,7 +593,7 @@ def _run_request(
             run_key=f"{config.name}-{phase}-g{number}-a{attempt}",
             job_name=job_of[phase],
             run_config=run_config_of[phase],
-            tags={"backlog_dagster/phase": phase, "backlog_dagster/generation": str(number)},
+            tags={PHASE_TAG: phase, "backlog_dagster/generation": str(number)},
         ),
         "",
     )
@@ -600,7 +650,7 @@ def _standby_request(
         job_name=f"{config.name}_realtime_job",
         run_config=realtime_run_config(config, standby_for=number),
         tags={
-            "backlog_dagster/phase": "realtime",
+            PHASE_TAG: "realtime",
             "backlog_dagster/generation": str(number),
             STANDBY_TAG: "true",
         },

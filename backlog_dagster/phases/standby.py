@@ -77,31 +77,43 @@ def await_switch(
                 f"{current.number} ({current.reason}); waiting for its backlog to end"
             )
             generation_number = current.number
-        if sink.phase() == "realtime":
+        if switched_if_due(config, sink, "standby realtime run", lambda m: log(f"standby: {m}")):
             return True
-        with sink.run_lock("standby realtime run", wait_s=0) as held:
-            generation = sink.current_generation() if held else None
-            if generation is not None:
-                now = time.time()
-                lag = None
-                if config.backlog.watermark_lag_threshold is not None:
-                    with open_source(config) as topic:
-                        lag = watermark_lag(generation, topic, config, now)
-                decision = decide(
-                    config,
-                    phase=sink.phase(),
-                    markers_reached=generation.finished,
-                    lag=lag,
-                    history=sink.phase_history(),
-                    lag_above_since=None,
-                    now=now,
-                )
-                if decision.phase == "realtime" and decision.cause is not None:
-                    cause = f"{decision.cause} (switched by the standby realtime run)"
-                    sink.record_phase(
-                        generation.number, "realtime", cause, None if lag is None else lag.seconds
-                    )
-                    log(f"standby: switched to realtime: {cause}")
-                    return True
         time.sleep(poll_s)
     return False
+
+
+def switched_if_due(
+    config: PipelineConfig, sink: Sink, by: str, log: Callable[[str], None]
+) -> bool:
+    """Whether the pipeline is realtime, once the backlog run has let go of it: when
+    the policy says so now, the switch is recorded here (as the sensor would a tick
+    later; the phase change is recorded once, whoever makes it), naming ``by`` (the
+    run, as its run lock's holder)."""
+    if sink.phase() == "realtime":
+        return True
+    with sink.run_lock(by, wait_s=0) as held:
+        generation = sink.current_generation() if held else None
+        if generation is None:
+            return False
+        now = time.time()
+        lag = None
+        if config.backlog.watermark_lag_threshold is not None:
+            with open_source(config) as topic:
+                lag = watermark_lag(generation, topic, config, now)
+        decision = decide(
+            config,
+            phase=sink.phase(),
+            markers_reached=generation.finished,
+            lag=lag,
+            history=sink.phase_history(),
+            lag_above_since=None,
+            now=now,
+        )
+        if decision.phase != "realtime" or decision.cause is None:
+            return sink.phase() == "realtime"
+        cause = f"{decision.cause} (switched by the {by})"
+        lag_s = None if lag is None else lag.seconds
+        sink.record_phase(generation.number, "realtime", cause, lag_s)
+        log(f"switched to realtime: {cause}")
+        return True

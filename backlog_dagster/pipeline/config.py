@@ -676,10 +676,20 @@ class SwitchConfig(Frozen):
         "launched this long ago and not started, is marked failed and restarted; one being "
         "cancelled is marked cancelled.",
     )
-    standby: bool = Field(
+    continue_as_realtime: bool = Field(
         True,
-        description="Start the realtime run while the backlog runs, so its Spark is warm and "
-        "it switches the moment the backlog ends (costs a second Spark driver meanwhile).",
+        description="The backlog run goes on as the realtime run: once its backlog has ended "
+        "and the switch is due, its Spark (and its session on a shared server) runs the "
+        "realtime query, so no second Spark driver waits beside the backlog and none starts "
+        "at the switch. The realtime phase's spark_conf may set spark.sql.* keys of its own "
+        "only: one Spark serves both phases. Off: the sensor starts the realtime run at the "
+        "switch, or a standby does (standby).",
+    )
+    standby: bool = Field(
+        False,
+        description="With continue_as_realtime off: start the realtime run while the backlog "
+        "runs, so its Spark is warm and it switches the moment the backlog ends (costs a "
+        "second Spark driver, or session, meanwhile).",
     )
     standby_lead: Duration | None = Field(
         None,
@@ -702,6 +712,16 @@ class SwitchConfig(Frozen):
         description="No way back into backlog sooner than this after the switch to realtime; "
         "doubled for each way back in the last hour, so a pipeline that flaps slows down.",
     )
+
+    @model_validator(mode="after")
+    def _one_way_to_start_realtime(self) -> SwitchConfig:
+        if self.standby and self.continue_as_realtime:
+            raise ValueError(
+                "standby and continue_as_realtime are both on: a standby would start the "
+                "realtime run beside the backlog run, which goes on as the realtime run "
+                "itself; set continue_as_realtime: false to use a standby"
+            )
+        return self
 
 
 class PipelineConfig(Frozen):
@@ -752,6 +772,26 @@ class PipelineConfig(Frozen):
         "{env: NAME} reads it from that environment variable when a run starts (needed when "
         "it carries a token).",
     )
+
+    @model_validator(mode="after")
+    def _one_spark_for_both_phases(self) -> PipelineConfig:
+        if not self.switch.continue_as_realtime:
+            return self
+        launch = {**self.backlog.spark_conf, **self.realtime.spark_conf}
+        differ = sorted(
+            key
+            for key in launch
+            if not key.startswith("spark.sql.")
+            and self.backlog.spark_conf.get(key) != self.realtime.spark_conf.get(key)
+        )
+        if differ:
+            raise ValueError(
+                "switch.continue_as_realtime: the backlog run's Spark goes on as the realtime "
+                "run's, so realtime.spark_conf cannot launch it differently (not as in "
+                f"backlog.spark_conf: {', '.join(differ)}); give both phases the same value, "
+                "or turn continue_as_realtime off"
+            )
+        return self
 
     @model_validator(mode="after")
     def _lag_strategy(self) -> PipelineConfig:
