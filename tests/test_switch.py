@@ -346,7 +346,7 @@ def the_sink_survives_a_lost_connection_and_a_server_restart(
     producer = LiveProducer(topic.path, per_second=1_000)
     producer.start()
     try:
-        region_run = runs_of(instance, "region_minutes_realtime_job")[0].run_id
+        region_run = runs_of_phase(instance, "region_minutes", "realtime")[0].run_id
         with holding(sink_dsn, "region_minutes") as holder:
             backend = wait_for_blocked_merge(sink_dsn, "region_minutes")
             holder.execute("SELECT pg_terminate_backend(%s)", (backend,))

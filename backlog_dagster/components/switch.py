@@ -4,9 +4,10 @@ Each tick (no Spark; well under Dagster's 60 s tick limit) reads the sink, and t
 where the watermark-lag strategy needs it:
 
 - no markers yet → take them (the log's end offsets, durable before any work) and
-  request the backlog run, and beside it a standby realtime run (with
-  ``switch.standby_lead`` set: once that run is reading and its ETA, when known, is
-  within the lead);
+  request the backlog run, which goes on as the realtime run once the switch is due
+  (``switch.continue_as_realtime``, the default); or, with ``switch.standby``, a
+  standby realtime run beside it (with ``switch.standby_lead`` set: once that run is
+  reading and its ETA, when known, is within the lead);
 - a bucket that reached its marker for the first time → one asset observation naming
   bucket, marker and offset reached (the Fluss seed's BacklogFinishEvent); the set of
   reported buckets lives in the cursor, so restarts of the sensor or daemon do not
@@ -20,7 +21,8 @@ where the watermark-lag strategy needs it:
   whether the pipeline is flapping;
 - one run of the phase at a time: requested when none is active (after the other
   phase's run has stopped), not restarted after a user cancelled a realtime run until
-  the sensor is turned off and on.
+  the sensor is turned off and on. A backlog run that went on as the realtime run (its
+  phase tag says so) is the realtime phase's run.
 
 A backlog or realtime run that stopped beating its heartbeat in the sink (its process
 died, which Dagster's default run launcher cannot see) is marked failed and restarted at
@@ -264,15 +266,13 @@ def _last_runs(
     went_on, realtime = last["backlog"], last["realtime"]
     if went_on is None or went_on.tags.get(PHASE_TAG) != "realtime":
         return last
+    instance = context.instance
     if realtime is None or (
-        realtime.status not in ACTIVE and _created(context, went_on) > _created(context, realtime)
+        realtime.status not in ACTIVE
+        and created_at(instance, went_on) > created_at(instance, realtime)
     ):
         realtime = went_on
     return {"backlog": None, "realtime": realtime}
-
-
-def _created(context: dg.SensorEvaluationContext, run: dg.DagsterRun) -> float:
-    return created_at(context.instance, run)
 
 
 def created_at(instance: dg.DagsterInstance, run: dg.DagsterRun) -> float:
