@@ -11,8 +11,10 @@
 (No ``from __future__ import annotations`` here: Dagster reads the asset function's
 annotations at definition time.)
 
-It builds the ``<name>_backlog`` asset (and a job for it): the backlog phase, run with
-the pipeline's backlog settings unless the run's config overrides them.
+It builds the ``<name>_backlog`` and ``<name>_realtime`` assets, a job per phase and the
+switch sensor. The backlog job also runs the realtime step, which goes on with the
+backlog step's Spark once the switch is due (``switch.continue_as_realtime``, the
+default).
 """
 
 import os
@@ -144,7 +146,7 @@ def pipeline_definitions(config: PipelineConfig, defs_file: Path | None = None) 
     """The pipeline's assets, asset check, one job per phase and its switch sensor."""
     from backlog_dagster.components.switch import switch_sensor
 
-    # One asset per job: a step process of its own would only add a Python start (and
+    # In-process steps: a step process of its own would only add a Python start (and
     # the imports of Dagster and the definitions) to every run, and one more process
     # between Dagster and the Spark driver.
     descriptions = {
@@ -152,8 +154,12 @@ def pipeline_definitions(config: PipelineConfig, defs_file: Path | None = None) 
         f"Launched by the {config.name}_switch sensor; a run launched by hand while "
         "another holds the pipeline is refused.",
         "realtime": f"{config.name}'s realtime phase: Structured Streaming from the markers "
-        f"on, until cancelled. Launched by the {config.name}_switch sensor, first as a "
-        "standby that waits for the backlog to end.",
+        f"on, until cancelled. Launched by the {config.name}_switch sensor"
+        + (
+            ", first as a standby that waits for the backlog to end."
+            if config.switch.standby
+            else "."
+        ),
     }
     selections = {
         "backlog": [f"{config.name}_backlog"],
@@ -168,9 +174,9 @@ def pipeline_definitions(config: PipelineConfig, defs_file: Path | None = None) 
             "realtime run with the same Spark."
         )
         descriptions["realtime"] = (
-            f"{config.name}'s realtime phase, when the backlog run did not go on as the "
-            f"realtime run (it died, or the way back ran): launched by the "
-            f"{config.name}_switch sensor."
+            f"{config.name}'s realtime phase when no backlog run goes on as the realtime "
+            "run (the one that did died, or the switch came after its backlog run ended): "
+            f"launched by the {config.name}_switch sensor."
         )
     jobs = [
         dg.define_asset_job(

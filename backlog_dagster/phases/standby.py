@@ -9,6 +9,10 @@ backlog run has let go of the pipeline's lock, it applies the same policy the sw
 sensor does (``phases.policy``), records the switch itself if the policy says so, and
 goes on as the realtime run. The sensor would make the same decision a tick later; the
 phase change is recorded once, whoever makes it.
+
+That decision (``switched_if_due``) is also how a backlog run that goes on as the
+realtime run (``switch.continue_as_realtime``, the default, where no standby runs)
+switches once its backlog has ended.
 """
 
 from __future__ import annotations
