@@ -142,7 +142,7 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
         "realtime": {
             "checkpoint_interval": 0.5,
             "spark_conf": {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"},
-        }
+        },
     },
     "standby": {"switch": STANDBY},
     "standby_lead_60s": {"switch": {**STANDBY, "standby_lead": 60}},
