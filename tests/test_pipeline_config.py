@@ -7,11 +7,13 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from backlog_dagster.cli import main
+from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.load import PipelineFileError, load_pipeline
 from tests.conftest import MakeTopic
 
@@ -233,63 +235,54 @@ def test_each_kind_of_mistake(tmp_path: Path, field: str, value: object, expecte
 
 
 def test_a_lag_threshold_must_exceed_the_allowed_lateness(tmp_path: Path) -> None:
-    import yaml
-
-    defs = tmp_path / "defs.yaml"
     attributes = with_change("backlog", {"watermark_lag_threshold": "30s"})
     attributes["transform"]["window"] = {"size": "1m", "allowed_lateness": "30s"}
-    defs.write_text(
-        yaml.safe_dump({"type": "backlog_dagster.BacklogPipeline", "attributes": attributes})
-    )
-    with pytest.raises(PipelineFileError) as error:
-        load_pipeline(defs)
     assert (
         "attributes: Value error, backlog.watermark_lag_threshold (30 s) must exceed "
         "transform.window.allowed_lateness (30 s)"
-    ) in str(error.value)
+    ) in refusal(tmp_path / "defs.yaml", attributes)
 
 
 def test_one_spark_for_both_phases_when_the_backlog_run_goes_on(tmp_path: Path) -> None:
     """With ``switch.continue_as_realtime`` (the default) one Spark serves both phases:
     the realtime phase may set SQL settings of its own, not launch it differently; and
     no standby is started beside it."""
-    import yaml
-
     defs = tmp_path / "defs.yaml"
     attributes = with_change("switch", {"continue_as_realtime": True})
     attributes["backlog"] = {"spark_conf": {"spark.driver.memory": "2g"}}
     attributes["realtime"] = {"spark_conf": {"spark.sql.shuffle.partitions": "2"}}
-    defs.write_text(
-        yaml.safe_dump({"type": "backlog_dagster.BacklogPipeline", "attributes": attributes})
-    )
-    with pytest.raises(PipelineFileError) as error:
-        load_pipeline(defs)
     assert (
         "attributes: Value error, switch.continue_as_realtime: the backlog run's Spark goes "
         "on as the realtime run's, so realtime.spark_conf cannot launch it differently (not "
         "as in backlog.spark_conf: spark.driver.memory)"
-    ) in str(error.value)
+    ) in refusal(defs, attributes)
     attributes["realtime"]["spark_conf"]["spark.driver.memory"] = "2g"
-    defs.write_text(
-        yaml.safe_dump({"type": "backlog_dagster.BacklogPipeline", "attributes": attributes})
-    )
-    assert load_pipeline(defs).switch.continue_as_realtime
+    assert loaded(defs, attributes).switch.continue_as_realtime
 
     # A standby and a backlog run that goes on: one of the two starts realtime.
     attributes["switch"]["standby"] = True
-    defs.write_text(
-        yaml.safe_dump({"type": "backlog_dagster.BacklogPipeline", "attributes": attributes})
-    )
-    with pytest.raises(PipelineFileError) as error:
-        load_pipeline(defs)
-    assert ("attributes.switch: Value error, standby and continue_as_realtime are both on") in str(
-        error.value
+    assert "attributes.switch: Value error, standby and continue_as_realtime are both on" in (
+        refusal(defs, attributes)
     )
     attributes["switch"]["continue_as_realtime"] = False
+    assert loaded(defs, attributes).switch.standby
+
+
+def loaded(defs: Path, attributes: dict[str, Any]) -> PipelineConfig:
+    """The pipeline of a defs.yaml written with ``attributes``."""
+    import yaml
+
     defs.write_text(
         yaml.safe_dump({"type": "backlog_dagster.BacklogPipeline", "attributes": attributes})
     )
-    assert load_pipeline(defs).switch.standby
+    return load_pipeline(defs)
+
+
+def refusal(defs: Path, attributes: dict[str, Any]) -> str:
+    """Why a defs.yaml written with ``attributes`` is refused."""
+    with pytest.raises(PipelineFileError) as error:
+        loaded(defs, attributes)
+    return str(error.value)
 
 
 def test_durations_take_units(tmp_path: Path) -> None:
