@@ -244,13 +244,15 @@ def test_a_lag_threshold_must_exceed_the_allowed_lateness(tmp_path: Path) -> Non
 
 
 def test_one_spark_for_both_phases_when_the_backlog_run_goes_on(tmp_path: Path) -> None:
-    """With ``switch.continue_as_realtime`` (the default) one Spark serves both phases:
-    the realtime phase may set SQL settings of its own, not launch it differently; and
-    no standby is started beside it."""
+    """With ``switch.continue_as_realtime`` (the default) one Spark, launched with the
+    backlog's settings, serves both phases: the realtime phase may set SQL settings of its
+    own, not launch it differently; and no standby is started beside it."""
     defs = tmp_path / "defs.yaml"
     attributes = with_change("switch", {"continue_as_realtime": True})
     attributes["backlog"] = {"spark_conf": {"spark.driver.memory": "2g"}}
     attributes["realtime"] = {"spark_conf": {"spark.sql.shuffle.partitions": "2"}}
+    assert loaded(defs, attributes).backlog.spark_conf  # the backlog's serve both
+    attributes["realtime"]["spark_conf"]["spark.driver.memory"] = "1g"
     assert (
         "attributes: Value error, switch.continue_as_realtime: the backlog run's Spark goes "
         "on as the realtime run's, so realtime.spark_conf cannot launch it differently (not "

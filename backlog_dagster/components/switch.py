@@ -261,7 +261,7 @@ def _last_runs(
 ) -> dict[str, dg.DagsterRun | None]:
     """Each phase's run to watch (``_last_run`` of its job). A backlog run that went on
     as the realtime run (its phase tag says realtime) is the realtime phase's, unless a
-    realtime run was requested after it (it died, or the way back ended it)."""
+    realtime run was requested after it (as when it died serving realtime)."""
     last = {phase: _last_run(context, job) for phase, job in job_of.items()}
     went_on, realtime = last["backlog"], last["realtime"]
     if went_on is None or went_on.tags.get(PHASE_TAG) != "realtime":

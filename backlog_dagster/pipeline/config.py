@@ -681,8 +681,9 @@ class SwitchConfig(Frozen):
         description="The backlog run goes on as the realtime run: once its backlog has ended "
         "and the switch is due, its Spark (and its session on a shared server) runs the "
         "realtime query, so no second Spark driver waits beside the backlog and none starts "
-        "at the switch. The realtime phase's spark_conf may set spark.sql.* keys of its own "
-        "only: one Spark serves both phases. Off: the sensor starts the realtime run at the "
+        "at the switch. One Spark serves both phases, launched with the backlog's settings: "
+        "the realtime phase's spark_conf may set spark.sql.* keys of its own, and launch "
+        "settings only as the backlog's. Off: the sensor starts the realtime run at the "
         "switch, or a standby does (standby).",
     )
     standby: bool = Field(
@@ -777,12 +778,10 @@ class PipelineConfig(Frozen):
     def _one_spark_for_both_phases(self) -> PipelineConfig:
         if not self.switch.continue_as_realtime:
             return self
-        launch = {**self.backlog.spark_conf, **self.realtime.spark_conf}
         differ = sorted(
             key
-            for key in launch
-            if not key.startswith("spark.sql.")
-            and self.backlog.spark_conf.get(key) != self.realtime.spark_conf.get(key)
+            for key, value in self.realtime.spark_conf.items()
+            if not key.startswith("spark.sql.") and self.backlog.spark_conf.get(key) != value
         )
         if differ:
             raise ValueError(
