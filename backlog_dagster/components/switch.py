@@ -289,15 +289,16 @@ def runs_of_phase(
     """The pipeline's runs of ``phase`` (with one of ``statuses``), the newest first: its
     phase job's, and for realtime its backlog runs that went on as the realtime run; a
     run's phase tag says which (a run launched by hand has none: its job's)."""
-    runs = [
-        run
+    records = [
+        record
         for job in ("backlog", "realtime")
-        for run in instance.get_runs(
+        for record in instance.get_run_records(
             filters=dg.RunsFilter(job_name=f"{pipeline}_{job}_job", statuses=statuses)
         )
-        if run.tags.get(PHASE_TAG, job) == phase
+        if record.dagster_run.tags.get(PHASE_TAG, job) == phase
     ]
-    return sorted(runs, key=lambda run: created_at(instance, run), reverse=True)
+    records.sort(key=lambda record: record.create_timestamp, reverse=True)
+    return [record.dagster_run for record in records]
 
 
 def _for_generation(cursor: dict[str, Any], number: int) -> dict[str, Any]:
