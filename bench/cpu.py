@@ -19,7 +19,7 @@ from pathlib import Path
 import dagster as dg
 
 from backlog_dagster.components.dev_server import process_kind
-from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG
+from backlog_dagster.components.switch import PHASE_TAG, STANDBY_TAG, STARTED_AS_TAG
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -132,7 +132,7 @@ class CpuSampler(threading.Thread):
                 elif tags.get(STARTED_AS_TAG) == "backlog":
                     role = "backlog, then realtime"
                 else:
-                    role = tags.get("backlog_dagster/phase", "other runs")
+                    role = tags.get(PHASE_TAG, "other runs")
                 pipeline = run.job_name.removesuffix("_backlog_job").removesuffix("_realtime_job")
                 roles[group] = f"{role}: {pipeline}"
         return roles
