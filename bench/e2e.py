@@ -119,7 +119,7 @@ from run import EXAMPLES, MemorySampler, _example, _topic, machine
 
 from backlog_dagster.components.dev_server import copy_project, dagster_dev
 from backlog_dagster.components.pipeline import with_paths_under
-from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG
+from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG, runs_of_phase
 from backlog_dagster.log import Topic
 from backlog_dagster.pipeline.load import load_pipeline
 from backlog_dagster.sink import open_sink
@@ -570,16 +570,10 @@ def first_realtime_runs(home: Path, began: float) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     with dg.DagsterInstance.from_config(str(home)) as instance:
         for pipeline in PIPELINES:
-            records = instance.get_run_records(
-                dg.RunsFilter(job_name=f"{pipeline}_realtime_job"), ascending=True, limit=1
-            ) + instance.get_run_records(
-                dg.RunsFilter(job_name=f"{pipeline}_backlog_job", tags={STARTED_AS_TAG: "backlog"}),
-                ascending=True,
-                limit=1,
-            )
-            if not records:
+            runs = runs_of_phase(instance, pipeline, "realtime")  # the newest first
+            record = instance.get_run_record_by_id(runs[-1].run_id) if runs else None
+            if record is None:
                 continue
-            record = min(records, key=lambda r: r.create_timestamp)
             tags = record.dagster_run.tags
             said = {
                 entry.user_message: entry.timestamp
@@ -591,11 +585,9 @@ def first_realtime_runs(home: Path, began: float) -> dict[str, dict[str, Any]]:
                 or tags.get(STARTED_AS_TAG) == "standby",
                 "realtime_run_went_on_from_backlog": went_on is not None,
                 "realtime_run_requested_s": round(record.create_timestamp.timestamp() - began, 1),
-                "realtime_run_began_s": went_on
-                if went_on is not None
-                else None
-                if record.start_time is None
-                else round(record.start_time - began, 1),
+                "realtime_run_began_s": (
+                    went_on if went_on is not None else _seconds_after(record.start_time, began)
+                ),
                 **{
                     figure: _first_said(said, words, began)
                     for figure, words in (
@@ -606,6 +598,10 @@ def first_realtime_runs(home: Path, began: float) -> dict[str, dict[str, Any]]:
                 },
             }
     return found
+
+
+def _seconds_after(moment: float | None, began: float) -> float | None:
+    return None if moment is None else round(moment - began, 1)
 
 
 def _first_said(said: dict[str, float], words: str, began: float) -> float | None:
