@@ -25,7 +25,9 @@ from backlog_dagster.phases.query_start import QueryStart, write_start
 from backlog_dagster.phases.realtime import (
     QUERY_START_ATTEMPTS,
     WORKER_SLOW_TO_START,
+    ArmedQuery,
     BacklogNotFinished,
+    arm_beside,
     armed_realtime,
     read_limit,
     run_realtime,
@@ -34,8 +36,9 @@ from backlog_dagster.phases.realtime import (
 from backlog_dagster.phases.standby import await_switch
 from backlog_dagster.phases.transform import partial_results, read_schema
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink import open_sink
+from backlog_dagster.sink import Sink, open_sink
 from backlog_dagster.source import open_source
+from backlog_dagster.spark.session import apply_sql_settings, sql_settings_after
 from tests.conftest import MakeTopic, append_orders
 from tests.pipelines import (
     CUSTOMER_TOTALS,
@@ -212,25 +215,93 @@ def test_an_armed_query_reads_nothing_until_the_switch_then_goes_on_exactly(
         waited = [str(p["sources"][0]["endOffset"]) for p in armed.query.recentProgress]
         assert waited and all('"waiting"' in offsets for offsets in waited), waited
 
-        def caught_up() -> bool:
-            return reached(config) == topic.latest_offsets()
+        go_on_from_the_switch(spark, config, topic, (sink, status_sink), checkpoint, armed, said)
+    assert_armed_query_went_on_exactly(config, topic, said)
 
-        append_orders(topic, 5_000)
-        run_realtime(
-            spark,
-            config,
-            sink,
-            status_sink,
-            checkpoint_dir=checkpoint,
-            should_stop=caught_up,
-            log=said.append,
-            armed=armed,
-        )
+
+def go_on_from_the_switch(
+    spark: SparkSession,
+    config: PipelineConfig,
+    topic: Topic,
+    sinks: tuple[Sink, Sink],
+    checkpoint: Path,
+    armed: ArmedQuery,
+    said: list[str],
+) -> None:
+    """More records arrive; ``run_realtime`` goes on with the armed query until caught up."""
+    append_orders(topic, 5_000)
+    run_realtime(
+        spark,
+        config,
+        *sinks,
+        checkpoint_dir=checkpoint,
+        should_stop=lambda: reached(config) == topic.latest_offsets(),
+        log=said.append,
+        armed=armed,
+        source_reached=True,
+    )
+
+
+def assert_armed_query_went_on_exactly(
+    config: PipelineConfig, topic: Topic, said: list[str]
+) -> None:
     assert any("the query armed before the switch" in line for line in said)
     with open_sink(config) as sink:
         results = sink.read_results().to_pandas()
     oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
     assert_same(results, oracle, ["customer_id"])
+
+
+def test_a_query_armed_beside_the_backlog_takes_the_realtime_settings_on_its_own_session(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlog run that goes on as the realtime run arms its query on its own session
+    while the backlog runs (``arm_beside``): the backlog keeps its settings, the query's
+    copy of the session takes the realtime phase's with its first micro-batch, and from
+    the switch on it is the realtime query, exactly once."""
+    topic = make_topic(records=30_000, buckets=2)
+    config = pipeline(
+        tmp_path, CUSTOMER_TOTALS, realtime={"checkpoint_interval": 0.3, "shuffle_partitions": 3}
+    )
+    taken: list[str] = []
+
+    def recorded(session: SparkSession, settings: dict[str, str | None]) -> None:
+        apply_sql_settings(session, settings)
+        taken.append(str(session.conf.get("spark.sql.shuffle.partitions")))
+
+    monkeypatch.setattr(micro_batch, "apply_sql_settings", recorded)
+    said: list[str] = []
+    backlog_settings = {"spark.sql.shuffle.partitions": "11", "spark.sql.adaptive.enabled": "true"}
+    apply_sql_settings(spark, backlog_settings)
+    try:
+        with (
+            contextlib.ExitStack() as stack,
+            open_sink(config) as sink,
+            open_sink(config) as status_sink,
+        ):
+            armed = arm_beside(
+                stack,
+                spark,
+                config,
+                checkpoint_dir=tmp_path / "checkpoint",
+                run_id="run-1",
+                session_settings=sql_settings_after("local[2]", backlog_settings, {}),
+                log=said.append,
+            )
+            report = run_backlog(spark, config, sink, log=print)
+            query = armed()
+            assert query is not None and query.query.isActive
+            # The backlog's settings stayed on its session.
+            partitions = report.spark_settings["spark.sql.shuffle.partitions"]
+            assert spark.conf.get("spark.sql.shuffle.partitions") == partitions != "3"
+
+            go_on_from_the_switch(
+                spark, config, topic, (sink, status_sink), tmp_path / "checkpoint", query, said
+            )
+    finally:
+        apply_sql_settings(spark, dict.fromkeys(backlog_settings))
+    assert taken == ["3"], taken  # once, on the query's own session
+    assert_armed_query_went_on_exactly(config, topic, said)
 
 
 def test_realtime_refuses_to_start_before_the_backlog_is_done(

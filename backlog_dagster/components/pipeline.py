@@ -13,8 +13,8 @@ annotations at definition time.)
 
 It builds the ``<name>_backlog`` and ``<name>_realtime`` assets, a job per phase and the
 switch sensor. The backlog job also runs the realtime step, which goes on with the
-backlog step's Spark once the switch is due (``switch.continue_as_realtime``, the
-default).
+backlog step's Spark, and the query it armed as its backlog began, once the switch is
+due (``switch.continue_as_realtime``, the default).
 """
 
 import os
@@ -22,9 +22,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self, cast
 
 import dagster as dg
 from pydantic import BaseModel, Field
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from backlog_dagster.phases.backlog import BacklogReport
+    from backlog_dagster.phases.realtime import ArmedQuery
 
 
 DATA_ENV = "BACKLOG_DAGSTER_DATA"
@@ -226,18 +227,21 @@ def with_paths_under(config: PipelineConfig, root: Path) -> PipelineConfig:
 
 @contextmanager
 def pipeline_spark(
-    pipeline: PipelineConfig, phase: str, run_conf: Mapping[str, str] = {}, run_id: str = ""
+    pipeline: PipelineConfig,
+    phase: str,
+    run_conf: Mapping[str, str] = {},
+    run_id: str = "",
+    handed: "HandedOver | None" = None,
 ) -> Iterator["SparkSession"]:
     """The run's Spark session on the pipeline's master (read from the environment when
     it says ``{env: NAME}``), with the phase's ``spark_conf`` and then the run's; errors
-    of the block never show a master read from there. A realtime step gets the session
-    its run's backlog step handed over (``hand_over``), if it did."""
+    of the block never show a master read from there. A realtime step goes on with the
+    session its run's backlog step ``handed`` over (``take_over``), if it did."""
     from backlog_dagster.pipeline.secrets import resolve, secret_kept_out
     from backlog_dagster.spark.session import get_session
 
     phase_conf = pipeline.backlog.spark_conf if phase == "backlog" else pipeline.realtime.spark_conf
     master = resolve(pipeline.spark_master, "spark_master")
-    handed = _handed_over.pop(run_id, None) if phase == "realtime" and run_id else None
     with secret_kept_out(pipeline.spark_master, master):
         if handed is None:
             session = get_session(master, f"{phase}-{pipeline.name}", {**phase_conf, **run_conf})
@@ -255,25 +259,43 @@ def pipeline_spark(
 
 
 @dataclass(frozen=True)
-class _HandedOver:
+class HandedOver:
+    """What a backlog step leaves its run's realtime step (``switch.continue_as_realtime``)."""
+
     spark: "SparkSession"
     #: The settings the backlog phase put on the session.
     settings: Mapping[str, str]
+    #: The realtime query armed while the backlog ran (``arm_beside``), on ``spark``, and
+    #: what stops it; None when it was not armed.
+    armed: "ArmedQuery | None" = None
+    stop_armed: ExitStack = field(default_factory=ExitStack)
 
 
-#: Sessions a backlog step handed to its run's realtime step, by run id: the steps run
-#: one after the other in the run's process (``switch.continue_as_realtime``).
-_handed_over: dict[str, _HandedOver] = {}
+#: What backlog steps handed to their run's realtime step, by run id: the steps run one
+#: after the other in the run's process.
+_handed_over: dict[str, HandedOver] = {}
 
 
-def hand_over(run_id: str, spark: "SparkSession", settings: Mapping[str, str]) -> None:
-    """Leave the backlog step's session (and the ``settings`` it put on it) to the run's
-    realtime step."""
-    _handed_over[run_id] = _HandedOver(spark, dict(settings))
+def hand_over(run_id: str, handed: HandedOver) -> None:
+    _handed_over[run_id] = handed
 
 
-def handed_over(run_id: str) -> bool:
-    return run_id in _handed_over
+def take_over(run_id: str) -> HandedOver | None:
+    """What the run's backlog step handed over, if it did (once)."""
+    return _handed_over.pop(run_id, None)
+
+
+def realtime_checkpoint(pipeline: PipelineConfig, run_id: str) -> Path:
+    """The folder of the run's realtime query (removed when its realtime step ends)."""
+    return Path(pipeline.realtime.checkpoint_location) / pipeline.name / run_id
+
+
+def with_run_settings(pipeline: PipelineConfig, run: RealtimeRunConfig) -> PipelineConfig:
+    """The pipeline with the realtime run's ``spark_conf`` over the YAML's, so that the
+    phase leaves those keys alone."""
+    spark_conf = {**pipeline.realtime.spark_conf, **run.spark_conf}
+    realtime = pipeline.realtime.model_copy(update={"spark_conf": spark_conf})
+    return pipeline.model_copy(update={"realtime": realtime})
 
 
 def _settings_of_realtime(
@@ -282,17 +304,9 @@ def _settings_of_realtime(
     """Give the backlog's session the SQL settings a realtime run's own session starts
     with: what the backlog set goes back to the project's default or away, then the
     realtime phase's own (its launch settings are the backlog's: ``PipelineConfig``)."""
-    from backlog_dagster.spark.session import spark_config
+    from backlog_dagster.spark.session import apply_sql_settings, sql_settings_after
 
-    fresh = spark_config(master, "realtime", conf)
-    for key in (k for k in backlog_settings if k.startswith("spark.sql.")):
-        if key in fresh:
-            spark.conf.set(key, fresh[key])
-        else:
-            spark.conf.unset(key)
-    for key, value in conf.items():
-        if key.startswith("spark.sql."):
-            spark.conf.set(key, value)
+    apply_sql_settings(spark, sql_settings_after(master, backlog_settings, conf))
 
 
 def user_error_types() -> tuple[type[Exception], ...]:
@@ -371,8 +385,12 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
             user_errors(defs_file),
             heartbeat(pipeline, run_id),
             pipeline_spark(pipeline, "backlog", config.spark_conf, run_id) as spark,
+            ExitStack() as armed_query,
         ):
             settings = backlog_settings(pipeline.backlog, config)
+            armed = None
+            if goes_on_as_realtime(context, pipeline):
+                armed = _arm_realtime(context, pipeline, spark, settings, armed_query)
             with open_sink(pipeline) as sink:
                 report = run_backlog(
                     spark,
@@ -386,8 +404,10 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
                 finished = backlog_finished_metadata(
                     sink, report.generation, report.rows_read, report.seconds
                 )
-                if goes_on_as_realtime(context, pipeline):
-                    _go_on_as_realtime(context, pipeline, sink, spark, report.spark_settings)
+                if armed is not None:
+                    _go_on_as_realtime(
+                        context, pipeline, sink, spark, report.spark_settings, armed, armed_query
+                    )
         metadata = finished | report_metadata(report)
         metadata["dead_letters_in_table"] = dg.MetadataValue.int(in_table)
         metadata["dead_letter_table"] = dg.MetadataValue.text(
@@ -407,29 +427,70 @@ def goes_on_as_realtime(context: dg.AssetExecutionContext, pipeline: PipelineCon
     )
 
 
+def _arm_realtime(
+    context: dg.AssetExecutionContext,
+    pipeline: PipelineConfig,
+    spark: "SparkSession",
+    backlog: BacklogConfig,
+    stack: ExitStack,
+) -> Callable[[], "ArmedQuery | None"]:
+    """Arm the run's realtime query while its backlog runs on the same session
+    (``phases.realtime.arm_beside``), with the settings its realtime step will have;
+    it stops when ``stack`` closes. What it returns waits for the query."""
+    from backlog_dagster.phases.backlog import batch_settings
+    from backlog_dagster.phases.realtime import arm_beside
+    from backlog_dagster.pipeline.secrets import resolve
+    from backlog_dagster.spark.session import sql_settings_after
+
+    ops = cast(dict[str, Any], context.run.run_config.get("ops") or {})
+    run = RealtimeRunConfig(**ops.get(f"{pipeline.name}_realtime", {}).get("config", {}))
+    # What the backlog puts on the session, launched with or set as it runs.
+    backlog_keys = {**backlog.spark_conf, **batch_settings(pipeline, 1)}
+    realtime_conf = {**pipeline.realtime.spark_conf, **run.spark_conf}
+    master = resolve(pipeline.spark_master, "spark_master")
+    return arm_beside(
+        stack,
+        spark,
+        with_run_settings(pipeline, run),
+        checkpoint_dir=realtime_checkpoint(pipeline, context.run.run_id),
+        run_id=context.run.run_id,
+        session_settings=sql_settings_after(master, backlog_keys, realtime_conf),
+        log=context.log.info,
+        checkpoint_interval=run.checkpoint_interval,
+        shuffle_partitions=run.shuffle_partitions,
+    )
+
+
 def _go_on_as_realtime(
     context: dg.AssetExecutionContext,
     pipeline: PipelineConfig,
     sink: Sink,
     spark: "SparkSession",
     settings: Mapping[str, str],
+    armed: Callable[[], "ArmedQuery | None"],
+    armed_query: ExitStack,
 ) -> None:
     """Once the backlog has ended: when the switch is due (the same policy the sensor
-    applies), record it and leave the session to the run's realtime step, whose run
-    then counts as the realtime run (its tags say so). Otherwise the run ends with its
-    backlog, and the switch sensor goes on from there (new markers, or the switch)."""
+    applies), record it and leave the armed query (or the session, where arming failed)
+    to the run's realtime step, whose run then counts as the realtime run (its tags say
+    so). Otherwise the run ends with its backlog (and its armed query stops), and the
+    switch sensor goes on from there (new markers, or the switch)."""
+    import shutil
+
     from backlog_dagster.components.switch import PHASE_TAG, STARTED_AS_TAG
     from backlog_dagster.phases.standby import switched_if_due
 
     def say(message: str) -> None:
         context.log.info(f"backlog: {message}")
 
+    run_id = context.run.run_id
     if not switched_if_due(pipeline, sink, "backlog run", say):
         say("the switch is not due yet; this run ends with its backlog")
+        armed_query.close()
+        shutil.rmtree(realtime_checkpoint(pipeline, run_id), ignore_errors=True)
         return
-    run_id = context.run.run_id
     context.instance.add_run_tags(run_id, {PHASE_TAG: "realtime", STARTED_AS_TAG: "backlog"})
-    hand_over(run_id, spark, settings)
+    hand_over(run_id, HandedOver(spark, dict(settings), armed(), armed_query.pop_all()))
     say("going on as the realtime run with this Spark")
 
 
@@ -491,13 +552,14 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
         from backlog_dagster.phases.standby import await_switch, warm_up
 
         run_id = context.run.run_id
-        if goes_on_as_realtime(context, pipeline) and not handed_over(run_id):
+        handed = take_over(run_id) if goes_on_as_realtime(context, pipeline) else None
+        if goes_on_as_realtime(context, pipeline) and handed is None:
             context.log.info(
                 "realtime: this backlog run does not go on as the realtime run (the switch "
                 "was not due when its backlog ended); nothing materialized"
             )
             return
-        checkpoint = Path(pipeline.realtime.checkpoint_location) / pipeline.name / run_id
+        checkpoint = realtime_checkpoint(pipeline, run_id)
         try:
             with (
                 cancel_said_plainly(context.log.info, "realtime"),
@@ -505,17 +567,14 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
                 heartbeat(pipeline, context.run.run_id),
                 open_sink(pipeline) as sink,
                 open_sink(pipeline) as status_sink,
-                pipeline_spark(pipeline, "realtime", config.spark_conf, run_id) as spark,
+                pipeline_spark(pipeline, "realtime", config.spark_conf, run_id, handed) as spark,
                 ExitStack() as standby,
             ):
-                # The run's spark_conf over the YAML's, so that the phase leaves its keys alone.
-                spark_conf = {**pipeline.realtime.spark_conf, **config.spark_conf}
-                run_pipeline = pipeline.model_copy(
-                    update={
-                        "realtime": pipeline.realtime.model_copy(update={"spark_conf": spark_conf})
-                    }
-                )
+                run_pipeline = with_run_settings(pipeline, config)
                 armed = None
+                if handed is not None:
+                    armed = handed.armed
+                    standby.enter_context(handed.stop_armed)
                 if config.standby_for_generation is not None:
                     warm_up(spark, pipeline, status_sink)
                     armed = standby.enter_context(
@@ -562,6 +621,8 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
                     checkpoint_interval=config.checkpoint_interval,
                     shuffle_partitions=config.shuffle_partitions,
                     armed=armed,
+                    # The backlog step's session read the source moments ago.
+                    source_reached=handed is not None,
                 )
                 ended = realtime_ended_metadata(status, status_sink)
             yield dg.MaterializeResult(metadata=ended)

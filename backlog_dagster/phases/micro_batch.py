@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,7 +55,7 @@ from backlog_dagster.sink import (
 )
 from backlog_dagster.source import Source, open_source
 from backlog_dagster.spark.records import APPENDED_COLUMN, BUCKET_COLUMN, OFFSET_COLUMN
-from backlog_dagster.spark.session import is_connect
+from backlog_dagster.spark.session import apply_sql_settings, is_connect
 from backlog_dagster.spark.source import read_here, waiting
 
 if TYPE_CHECKING:
@@ -103,6 +103,11 @@ class MicroBatchTimings:
     sink_commit_s: float
 
 
+#: The queries (by checkpoint folder) whose session took their ``session_settings``, in
+#: this process.
+_settings_taken: set[str] = set()
+
+
 class RunGone(RuntimeError):
     """The run that started this query no longer holds the pipeline's run lock."""
 
@@ -133,8 +138,16 @@ class MicroBatchCommit:
     #: The Dagster run that started the query, if one did: while the query waits for its
     #: start, it ends once that run stops beating.
     run_id: str | None = None
+    #: SQL settings (None: unset) put on the query's own session at its first
+    #: micro-batch, for a query started while its session had other phase's settings
+    #: (``realtime.arm_beside``). Spark gives a query a copy of its session as it starts,
+    #: and the work of ``foreachBatch`` runs there, locally and on Spark Connect alike.
+    session_settings: Mapping[str, str | None] = field(default_factory=dict)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        if self.session_settings and self.checkpoint not in _settings_taken:
+            apply_sql_settings(batch.sparkSession, self.session_settings)
+            _settings_taken.add(self.checkpoint)
         sink = _sink_for(self.config)
         checkpoint = Path(self.checkpoint)
         end = _logged_offsets(checkpoint, batch_id)

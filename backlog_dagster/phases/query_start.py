@@ -1,12 +1,13 @@
 """Where a realtime query starts: a file in its checkpoint folder, written once by its run.
 
-A realtime query is started before it is known where it starts: the standby run arms
-its query while the backlog still runs, and only at the switch learns the generation
-and the offsets the backlog reached. A realtime query on a warmed, idle Spark Connect
-server (2 cores) ran its first micro-batch 6.8 to 8.5 s after it was started: the
-server starts a Python process for ``foreachBatch``, another for the stream reader and
-two for its plans, each importing PySpark, and the first micro-batch runs cold. An
-armed query has done all that when the switch comes.
+A realtime query is started before it is known where it starts: a backlog run that goes
+on as the realtime run, or a standby run, arms its query while the backlog still runs,
+and only at the switch learns the generation and the offsets the backlog reached. A
+realtime query on a warmed, idle Spark Connect server (2 cores) ran its first
+micro-batch 6.8 to 8.5 s after it was started: the server starts a Python process for
+``foreachBatch``, another for the stream reader and two for its plans, each importing
+PySpark, and the first micro-batch runs cold. An armed query has done all that when
+the switch comes.
 
 The stream reader waits for this file (its option ``startingOffsetsFile``) and reads
 nothing until it exists; the commit reads the generation from it. A query started at

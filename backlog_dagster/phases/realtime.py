@@ -32,8 +32,9 @@ from __future__ import annotations
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -161,10 +162,13 @@ def run_realtime(
     checkpoint_interval: float | None = None,
     shuffle_partitions: int | None = None,
     armed: ArmedQuery | None = None,
+    source_reached: bool = False,
 ) -> RealtimeStatus:
     """Run micro-batches until ``should_stop()``; ``status_sink`` is a second connection.
     ``armed``: the query ``armed_realtime`` started for this run (same config, checkpoint
     folder, interval and shuffle partitions), to go on with instead of starting one.
+    ``source_reached``: this session's executors have read the source already (the
+    backlog step's session, handed over), so the query start skips that check's job.
 
     Refused (``PhaseAlreadyRunning``) while another run of the pipeline is going.
     """
@@ -184,6 +188,7 @@ def run_realtime(
             status_every_s,
             checkpoint_interval,
             shuffle_partitions,
+            source_reached or armed is not None,
         )
 
 
@@ -206,33 +211,94 @@ def armed_realtime(
     log: Callable[[str], None] = print,
     checkpoint_interval: float | None = None,
     shuffle_partitions: int | None = None,
+    session_settings: Mapping[str, str | None] | None = None,
 ) -> Iterator[ArmedQuery]:
     """Start the pipeline's realtime query reading nothing, for ``run_realtime`` to go
-    on with once the switch says where it starts (``phases.query_start``): the standby
-    run's, so that the switch does not wait for a query to start. ``run_id``: the
-    Dagster run arming it; the query ends if that run stops beating before the switch.
-    The query stops on leaving the context, if it is still going.
+    on with once the switch says where it starts (``phases.query_start``): so that the
+    switch does not wait for a query to start. ``run_id``: the Dagster run arming it;
+    the query ends if that run stops beating before the switch. The realtime phase's
+    settings go on ``spark``, or, given ``session_settings`` (where a backlog still
+    runs on ``spark``: ``arm_beside``), those go on the query's own session with its
+    first micro-batch. The query stops on leaving the context, if it is still going.
     """
     with open_source(config) as topic:
         schema = _query_schema(spark, config, topic)
         reader = topic.stream_reader(spark)
-    interval = _apply_settings(spark, config, checkpoint_interval, shuffle_partitions, log)
+    interval = checkpoint_interval or config.realtime.checkpoint_interval
+    if session_settings is None:
+        interval = _apply_settings(spark, config, checkpoint_interval, shuffle_partitions, log)
     holder = _new_holder()
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    query = _start_query(
-        reader,
-        config,
-        schema,
-        replace(_commit_for(config, holder), run_id=run_id),
-        interval,
-        checkpoint_dir,
-        log,
+    commit = replace(
+        _commit_for(config, holder), run_id=run_id, session_settings=dict(session_settings or {})
     )
+    query = _start_query(reader, config, schema, commit, interval, checkpoint_dir, log)
     log(f"realtime: query armed (micro-batches every {interval:g} s); it reads from the switch on")
     try:
         yield ArmedQuery(query, holder)
     finally:
         query.stop()
+
+
+def arm_beside(
+    stack: ExitStack,
+    spark: SparkSession,
+    config: PipelineConfig,
+    *,
+    checkpoint_dir: Path,
+    run_id: str,
+    session_settings: Mapping[str, str | None],
+    log: Callable[[str], None] = print,
+    checkpoint_interval: float | None = None,
+    shuffle_partitions: int | None = None,
+) -> Callable[[], ArmedQuery | None]:
+    """``armed_realtime`` in a thread, beside a backlog that runs on ``spark``; what it
+    returns waits for the query: None when arming failed (said in the log; the realtime
+    run then starts its query itself). The query stops when ``stack`` closes, unless its
+    ``pop_all()`` took it over.
+
+    A query's start is mostly waiting (Spark starts a Python process for its
+    ``foreachBatch``, another for its stream reader, each importing PySpark, then plans
+    its first micro-batch: 6.8 to 8.5 s on an idle Connect server), which the backlog's
+    work fills. The backlog's SQL settings stay on ``spark``: the query takes the
+    realtime phase's (``session_settings``, with ``streaming_settings``) on its own
+    copy of the session, with its first micro-batch.
+    """
+    settings = {
+        **session_settings,
+        **streaming_settings(config, shuffle_partitions),
+    }
+    own = ExitStack()
+
+    def arm() -> ArmedQuery:
+        return own.enter_context(
+            armed_realtime(
+                spark,
+                config,
+                checkpoint_dir=checkpoint_dir,
+                run_id=run_id,
+                log=log,
+                checkpoint_interval=checkpoint_interval,
+                shuffle_partitions=shuffle_partitions,
+                session_settings=settings,
+            )
+        )
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="realtime-arming")
+    arming = pool.submit(arm)
+    pool.shutdown(wait=False)
+    # Last in, first out: wait for the arming to end before stopping what it started.
+    stack.callback(own.close)
+    stack.callback(wait, [arming])
+
+    def armed() -> ArmedQuery | None:
+        try:
+            return arming.result()
+        except Exception as error:  # the realtime run starts its query the usual way
+            log(f"realtime: the query was not armed during the backlog ({error})")
+            return None
+
+    return armed
 
 
 def _new_holder() -> str:
@@ -288,10 +354,10 @@ def _run_realtime(
     status_every_s: float,
     checkpoint_interval: float | None,
     shuffle_partitions: int | None,
+    source_reached: bool,
 ) -> RealtimeStatus:
     with open_source(config) as topic:
-        # An armed query's source was reached when it was armed: not again at the switch.
-        schema = _query_schema(spark, config, topic, reach=armed is None)
+        schema = _query_schema(spark, config, topic, reach=not source_reached)
         generation = current_generation(sink, topic, config, log)
         generation = handle_truncation(sink, topic, config, generation, log)
         # A new reader each time the query (re)starts below.

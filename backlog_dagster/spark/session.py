@@ -96,6 +96,29 @@ def spark_config(master: str, app_name: str, conf: Mapping[str, str] = {}) -> di
     return {"spark.remote": master, **SESSION_CONF, **conf}
 
 
+def sql_settings_after(
+    master: str, before: Mapping[str, str], conf: Mapping[str, str]
+) -> dict[str, str | None]:
+    """The SQL settings that make a session on which ``before`` was set look like a new
+    session with ``conf``: each key of ``before`` back to a new session's value, or unset
+    (None), then ``conf``'s own."""
+    fresh = spark_config(master, "backlog-dagster", conf)
+    settings: dict[str, str | None] = {
+        key: fresh.get(key) for key in before if key.startswith("spark.sql.")
+    }
+    settings |= {key: value for key, value in conf.items() if key.startswith("spark.sql.")}
+    return settings
+
+
+def apply_sql_settings(spark: SparkSession, settings: Mapping[str, str | None]) -> None:
+    """Set each setting on the session, or unset it where its value is None."""
+    for key, value in settings.items():
+        if value is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, value)
+
+
 def get_session(
     master: str = "local[*]", app_name: str = "backlog-dagster", conf: Mapping[str, str] = {}
 ) -> SparkSession:
