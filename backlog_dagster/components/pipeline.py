@@ -436,7 +436,10 @@ def _arm_realtime(
 ) -> Callable[[], "ArmedQuery | None"]:
     """Arm the run's realtime query while its backlog runs on the same session
     (``phases.realtime.arm_beside``), with the settings its realtime step will have;
-    it stops when ``stack`` closes. What it returns waits for the query."""
+    when ``stack`` closes it stops and its checkpoint folder goes. What it returns
+    waits for the query."""
+    import shutil
+
     from backlog_dagster.phases.backlog import batch_settings
     from backlog_dagster.phases.realtime import arm_beside
     from backlog_dagster.pipeline.secrets import resolve
@@ -448,11 +451,14 @@ def _arm_realtime(
     backlog_keys = {**backlog.spark_conf, **batch_settings(pipeline, 1)}
     realtime_conf = {**pipeline.realtime.spark_conf, **run.spark_conf}
     master = resolve(pipeline.spark_master, "spark_master")
+    checkpoint = realtime_checkpoint(pipeline, context.run.run_id)
+    # Last in, first out: the folder goes once the query has stopped.
+    stack.callback(shutil.rmtree, checkpoint, ignore_errors=True)
     return arm_beside(
         stack,
         spark,
         with_run_settings(pipeline, run),
-        checkpoint_dir=realtime_checkpoint(pipeline, context.run.run_id),
+        checkpoint_dir=checkpoint,
         run_id=context.run.run_id,
         session_settings=sql_settings_after(master, backlog_keys, realtime_conf),
         log=context.log.info,
@@ -475,8 +481,6 @@ def _go_on_as_realtime(
     to the run's realtime step, whose run then counts as the realtime run (its tags say
     so). Otherwise the run ends with its backlog (and its armed query stops), and the
     switch sensor goes on from there (new markers, or the switch)."""
-    import shutil
-
     from backlog_dagster.components.switch import PHASE_TAG, STARTED_AS_TAG
     from backlog_dagster.phases.standby import switched_if_due
 
@@ -487,7 +491,6 @@ def _go_on_as_realtime(
     if not switched_if_due(pipeline, sink, "backlog run", say):
         say("the switch is not due yet; this run ends with its backlog")
         armed_query.close()
-        shutil.rmtree(realtime_checkpoint(pipeline, run_id), ignore_errors=True)
         return
     context.instance.add_run_tags(run_id, {PHASE_TAG: "realtime", STARTED_AS_TAG: "backlog"})
     hand_over(run_id, HandedOver(spark, dict(settings), armed(), armed_query.pop_all()))
