@@ -22,14 +22,14 @@ from backlog_dagster.log.workload import (
 
 MakeTopic = Callable[..., Topic]
 
-# The JVMs of the tests (the session below, and every run's under `dagster dev`) live
+# The JVMs of the tests (the session below, every run's driver under `dagster dev`, the
+# Spark Connect servers, standalone masters, workers and executors the tests start) live
 # for seconds to minutes: the C1 compiler alone serves them and leaves the two cores to
 # the work (three local Spark starts and small backlogs at once: 43 s each with the
-# default tiered compilation, 32 s with C1 alone). The project's own runs keep the
-# JVM's defaults, which pay off over long backlogs.
-os.environ.setdefault(
-    "PYSPARK_SUBMIT_ARGS", "--driver-java-options -XX:TieredStopAtLevel=1 pyspark-shell"
-)
+# default tiered compilation, 32 s with C1 alone). Every JVM reads the variable, however
+# it is launched. The project's own runs keep the JVM's defaults, which pay off over
+# long backlogs.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 
 #: The modules whose tests run the example project under `dagster dev` (each marked
