@@ -226,7 +226,7 @@ def armed_realtime(
         reader = topic.stream_reader(spark)
     interval = checkpoint_interval or config.realtime.checkpoint_interval
     if session_settings is None:
-        interval = _apply_settings(spark, config, checkpoint_interval, shuffle_partitions, log)
+        _apply_settings(spark, config, shuffle_partitions, log)
     holder = _new_holder()
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     commit = replace(
@@ -327,17 +327,14 @@ def _query_schema(
 def _apply_settings(
     spark: SparkSession,
     config: PipelineConfig,
-    checkpoint_interval: float | None,
     shuffle_partitions: int | None,
     log: Callable[[str], None],
-) -> float:
-    """Set the streaming settings on the session (a query keeps those it started with);
-    the checkpoint interval (s)."""
+) -> None:
+    """Set the streaming settings on the session (a query keeps those it started with)."""
     settings = streaming_settings(config, shuffle_partitions)
     for key, value in settings.items():
         spark.conf.set(key, value)
     log("realtime: Spark settings " + ", ".join(f"{k}={v}" for k, v in settings.items()))
-    return checkpoint_interval or config.realtime.checkpoint_interval
 
 
 def _run_realtime(
@@ -370,7 +367,8 @@ def _run_realtime(
             f"pipeline {config.name}: the backlog has not reached the markers yet "
             f"(records left per bucket: {left}); run the backlog first"
         )
-    interval = _apply_settings(spark, config, checkpoint_interval, shuffle_partitions, log)
+    _apply_settings(spark, config, shuffle_partitions, log)
+    interval = checkpoint_interval or config.realtime.checkpoint_interval
     status = RealtimeStatus()
     counts = _Counts.now(status_sink)
     #: Queries of this run stopped by a Python worker slow to start once they ran.
