@@ -89,13 +89,14 @@ def main() -> None:
 
 def one_run(data: Path, armed: bool) -> dict[str, Any]:
     """One backlog in a new local driver; with ``armed``, a query armed beside it with
-    the settings the backlog step gives it (``components.pipeline._arm_realtime``)."""
+    the settings the backlog step gives it (``components.pipeline.settings_beside_backlog``)."""
     import psutil
 
-    from backlog_dagster.phases.backlog import batch_settings, run_backlog
+    from backlog_dagster.components.pipeline import settings_beside_backlog
+    from backlog_dagster.phases.backlog import run_backlog
     from backlog_dagster.phases.realtime import arm_beside
     from backlog_dagster.sink import open_sink
-    from backlog_dagster.spark.session import get_session, sql_settings_after
+    from backlog_dagster.spark.session import get_session
 
     def cpu_seconds() -> float:
         total = 0.0
@@ -111,16 +112,13 @@ def one_run(data: Path, armed: bool) -> dict[str, Any]:
         with ExitStack() as stack:
             cpu_before, started = cpu_seconds(), time.perf_counter()
             if armed:
-                backlog_keys = {**config.backlog.spark_conf, **batch_settings(config, 1)}
                 arm_beside(
                     stack,
                     spark,
                     config,
                     checkpoint_dir=data / f"checkpoint-{time.monotonic_ns()}",
                     run_id="bench",
-                    session_settings=sql_settings_after(
-                        "local[*]", backlog_keys, config.realtime.spark_conf
-                    ),
+                    session_settings=settings_beside_backlog(config, config.backlog, "local[*]"),
                     log=lambda _: None,
                 )
             with open_sink(config) as sink:

@@ -427,6 +427,19 @@ def goes_on_as_realtime(context: dg.AssetExecutionContext, pipeline: PipelineCon
     )
 
 
+def settings_beside_backlog(
+    pipeline: PipelineConfig, backlog: BacklogConfig, master: str
+) -> dict[str, str | None]:
+    """The SQL settings a realtime query armed beside ``backlog`` on its session puts on
+    its own copy of the session: what the backlog puts there (launched with or set as it
+    runs) back to a realtime session's, then ``pipeline``'s realtime ``spark_conf``."""
+    from backlog_dagster.phases.backlog import batch_settings
+    from backlog_dagster.spark.session import sql_settings_after
+
+    backlog_keys = {**backlog.spark_conf, **batch_settings(pipeline, 1)}
+    return sql_settings_after(master, backlog_keys, pipeline.realtime.spark_conf)
+
+
 def _arm_realtime(
     context: dg.AssetExecutionContext,
     pipeline: PipelineConfig,
@@ -440,27 +453,23 @@ def _arm_realtime(
     waits for the query."""
     import shutil
 
-    from backlog_dagster.phases.backlog import batch_settings
     from backlog_dagster.phases.realtime import arm_beside
     from backlog_dagster.pipeline.secrets import resolve
-    from backlog_dagster.spark.session import sql_settings_after
 
     ops = cast(dict[str, Any], context.run.run_config.get("ops") or {})
     run = RealtimeRunConfig(**ops.get(f"{pipeline.name}_realtime", {}).get("config", {}))
-    # What the backlog puts on the session, launched with or set as it runs.
-    backlog_keys = {**backlog.spark_conf, **batch_settings(pipeline, 1)}
-    realtime_conf = {**pipeline.realtime.spark_conf, **run.spark_conf}
     master = resolve(pipeline.spark_master, "spark_master")
     checkpoint = realtime_checkpoint(pipeline, context.run.run_id)
     # Last in, first out: the folder goes once the query has stopped.
     stack.callback(shutil.rmtree, checkpoint, ignore_errors=True)
+    realtime = with_run_settings(pipeline, run)
     return arm_beside(
         stack,
         spark,
-        with_run_settings(pipeline, run),
+        realtime,
         checkpoint_dir=checkpoint,
         run_id=context.run.run_id,
-        session_settings=sql_settings_after(master, backlog_keys, realtime_conf),
+        session_settings=settings_beside_backlog(realtime, backlog, master),
         log=context.log.info,
         checkpoint_interval=run.checkpoint_interval,
         shuffle_partitions=run.shuffle_partitions,
