@@ -130,12 +130,11 @@ def run_session(
 ) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="crash-"))
     with contextlib.ExitStack() as stack:
-        master = None
+        server = None
         if args.spark_connect:
             server = stack.enter_context(connect_server(folder / "connect"))
-            master = server.url
         example = ExampleUnderTest(
-            folder, args.records, args.live_rate, seed=args.seed + number, spark_master=master
+            folder, args.records, args.live_rate, seed=args.seed + number, spark_server=server
         )
         return _trials_of_session(example, number, count, rng, trials, write, commit, folder)
 

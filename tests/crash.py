@@ -59,6 +59,7 @@ from backlog_dagster.components.pipeline import DATA_ENV
 from backlog_dagster.components.switch import runs_of_phase
 from backlog_dagster.log import Topic, create_topic
 from backlog_dagster.log.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
+from backlog_dagster.spark.servers import SparkServer
 from tests.dagster_server import copy_example
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +71,9 @@ KILL_POINTS = {
     "backlog_interval_positive": "region_minutes' backlog run (interval 0.05 s) between chunks",
     "before_switch": "customer_totals' backlog run (which goes on as the realtime run) and the "
     "Dagster daemon after the last bucket reached its marker, before realtime committed",
-    "realtime_sink_write": "a realtime run while it holds the sink's write lock",
+    "realtime_sink_write": "the process making a realtime commit, while it holds the sink's "
+    "write lock: a realtime run's driver, or on a shared Spark Connect server its "
+    "foreachBatch worker",
     "daemon": "the Dagster daemon (dagster dev then stops; the harness starts it again)",
     "everything": "every process of dagster dev at once: daemon, webserver, code server, "
     "runs and their Spark JVMs",
@@ -111,8 +114,10 @@ class ExampleUnderTest:
         records: int,
         live_rate: int,
         seed: int = 1,
-        spark_master: str | None = None,
+        spark_server: SparkServer | None = None,
     ) -> None:
+        """``spark_server``: a Spark Connect server every run shares (else each run has a
+        local Spark of its own)."""
         self.folder = folder
         self.project = folder / "project"
         self.data = folder / "data"
@@ -120,10 +125,11 @@ class ExampleUnderTest:
         self.topic_path = self.data / "example" / "orders"
         self.sink_path = self.data / "example" / "results.sqlite"
         self.live_rate, self.seed = live_rate, seed
+        self.spark_server = spark_server
 
         def edit(attributes: dict[str, Any]) -> bool:
-            if spark_master is not None:
-                attributes["spark_master"] = spark_master
+            if spark_server is not None:
+                attributes["spark_master"] = spark_server.url
             return _lighter(attributes)
 
         copy_example(self.project, edit)
@@ -479,24 +485,40 @@ def _kill_before_switch(example: ExampleUnderTest, rng: random.Random) -> tuple[
 
 
 def _kill_during_sink_write(example: ExampleUnderTest, rng: random.Random) -> tuple[Outcome, float]:
-    pipeline = rng.choice(PIPELINES)
-    if not example.wait_in_realtime((pipeline,), time.time(), timeout=420):
-        raise TimeoutError(f"{pipeline} did not reach realtime")
-    run = example.started_runs(pipeline, "realtime")[0]
-    pids = example.run_processes(run.run_id)
+    """With a local Spark the commit runs in the realtime run's driver, which is killed.
+    On a shared server it runs in the server's ``foreachBatch`` worker, which is killed
+    alone: whichever pipeline's commit it makes (both share the sink), so the trial is
+    of both."""
+    shared = example.spark_server is not None
+    pipelines = PIPELINES if shared else (rng.choice(PIPELINES),)
+    if not example.wait_in_realtime(pipelines, time.time(), timeout=420):
+        raise TimeoutError(f"{' and '.join(pipelines)} did not reach realtime")
+    pipeline = "both" if shared else pipelines[0]
+
+    def writers() -> set[int]:
+        if example.spark_server is not None:
+            return processes_under(example.spark_server.process.pid)
+        return example.run_processes(example.started_runs(pipelines[0], "realtime")[0].run_id)
+
+    def commits() -> int:
+        return sum(example.realtime_commits(p) for p in pipelines)
+
+    candidates, looked_up = writers(), time.monotonic()
     shm = Path(f"{example.sink_path}-shm").stat().st_ino
     deadline = time.monotonic() + 120
-    held_before = False
+    held_before: set[int] = set()
     before = 0
     while time.monotonic() < deadline:
-        held = _holds_write_lock(pids, shm)
+        if time.monotonic() - looked_up > 1:  # a server's workers come and go
+            candidates, looked_up = writers(), time.monotonic()
+        held = _write_lock_holders(candidates, shm)
         if held and not held_before:
-            before = example.realtime_commits(pipeline)  # a reader does not wait for it
-        if held and held_before:  # held over two looks: a commit, not a heartbeat
+            before = commits()  # a reader does not wait for the writer
+        if held & held_before:  # held over two looks: a commit, not a heartbeat
             killed_at = time.time()
-            killed = example.kill(pids)
+            killed = example.kill(held if shared else candidates)
             # If that commit still completed before the kill landed, it was not hit.
-            hit = example.realtime_commits(pipeline) == before
+            hit = commits() == before
             outcome = Outcome("realtime_sink_write", pipeline, "realtime", hit, killed)
             if not hit:
                 outcome.note = "the commit completed before the kill landed"
@@ -504,7 +526,7 @@ def _kill_during_sink_write(example: ExampleUnderTest, rng: random.Random) -> tu
         held_before = held
         time.sleep(0.002)
     killed_at = time.time()
-    killed = example.kill(pids)
+    killed = example.kill(candidates)
     outcome = Outcome("realtime_sink_write", pipeline, "realtime", False, killed)
     outcome.note = "the write lock was not seen held in 120 s; killed anyway"
     return outcome, killed_at
@@ -594,11 +616,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _holds_write_lock(pids: set[int], shm_inode: int) -> bool:
+def _write_lock_holders(pids: set[int], shm_inode: int) -> set[int]:
+    """Those of ``pids`` holding the sink's WAL write lock (from ``/proc/locks``)."""
     try:
         lines = Path("/proc/locks").read_text().splitlines()
     except OSError:
-        return False
+        return set()
+    holders = set()
     for line in lines:
         parts = line.split()
         # "1: POSIX  ADVISORY  WRITE 1234 08:01:5678 120 120"
@@ -611,8 +635,8 @@ def _holds_write_lock(pids: set[int], shm_inode: int) -> bool:
             ):
                 end = parts[7]
                 if end == "EOF" or int(end) >= _WAL_WRITE_LOCK_BYTE:
-                    return True
-    return False
+                    holders.add(int(parts[4]))
+    return holders
 
 
 def _ago(now: float, moment: float | None) -> str:
