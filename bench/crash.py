@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from report import replace_section  # noqa: E402
 
-from backlog_dagster.spark.servers import connect_server  # noqa: E402
-from tests.crash import KILL_POINTS, PIPELINES, ExampleUnderTest, audit, run_trial  # noqa: E402
+from backlog_dagster.spark.servers import connect_server, stop  # noqa: E402
+from tests.crash import PIPELINES, ExampleUnderTest, audit, kill_points, run_trial  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -84,10 +84,10 @@ def main() -> None:
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "settings": earlier.get("settings", vars(args)),
             "resumed": earlier.get("resumed", []) + ([vars(args)] if args.resume else []),
-            "kill_points": KILL_POINTS,
+            "kill_points": kill_points(args.spark_connect),
             "trials": trials,
             "sessions": sessions,
-            "summary": summarize(trials),
+            "summary": summarize(trials, kill_points(args.spark_connect)),
             "recovery": recovery(trials),
             "bench_seconds": round(earlier["bench_seconds"] + time.monotonic() - started, 1),
         }
@@ -111,12 +111,14 @@ def main() -> None:
     print(f"wrote {stem}.json, {stem}.md and BENCHMARKS.md in {time.monotonic() - started:.0f} s")
 
 
-def _next_kill_point(trials: list[dict[str, Any]], rng: random.Random) -> str:
+def _next_kill_point(
+    trials: list[dict[str, Any]], rng: random.Random, points: dict[str, str]
+) -> str:
     """A random kill point among those least tried so far: every one gets its turn
     (16 plain random draws once left one of six untried)."""
     tried = [trial["kill_point"] for trial in trials]
-    fewest = min(tried.count(point) for point in KILL_POINTS)
-    return rng.choice([point for point in KILL_POINTS if tried.count(point) == fewest])
+    fewest = min(tried.count(point) for point in points)
+    return rng.choice([point for point in points if tried.count(point) == fewest])
 
 
 def run_session(
@@ -136,6 +138,12 @@ def run_session(
         example = ExampleUnderTest(
             folder, args.records, args.live_rate, seed=args.seed + number, spark_server=server
         )
+
+        def stop_restarted_server() -> None:  # a spark_server trial starts another
+            if example.spark_server is not server and example.spark_server is not None:
+                stop(example.spark_server)
+
+        stack.callback(stop_restarted_server)
         return _trials_of_session(example, number, count, rng, trials, write, commit, folder)
 
 
@@ -153,7 +161,8 @@ def _trials_of_session(
     try:
         example.start()
         for _ in range(count):
-            kill_point = _next_kill_point(trials, rng)
+            points = kill_points(example.spark_server is not None)
+            kill_point = _next_kill_point(trials, rng, points)
             try:
                 outcome = dataclasses.asdict(run_trial(example, kill_point, rng))
             except TimeoutError as error:  # the moment never came, or no recovery
@@ -173,9 +182,9 @@ def _trials_of_session(
     return session
 
 
-def summarize(trials: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def summarize(trials: list[dict[str, Any]], points: dict[str, str]) -> dict[str, dict[str, Any]]:
     summary = {}
-    for kill_point in KILL_POINTS:
+    for kill_point in points:
         mine = [t for t in trials if t["kill_point"] == kill_point]
         recovery = [t["recovery_s"] for t in mine if t.get("recovery_s") is not None]
         summary[kill_point] = {

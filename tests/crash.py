@@ -59,7 +59,11 @@ from backlog_dagster.components.pipeline import DATA_ENV
 from backlog_dagster.components.switch import runs_of_phase
 from backlog_dagster.log import Topic, create_topic
 from backlog_dagster.log.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
-from backlog_dagster.spark.servers import SparkServer
+from backlog_dagster.spark.servers import (
+    SparkServer,
+    start_connect_server,
+    wait_until_listening,
+)
 from tests.dagster_server import copy_example
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,6 +82,19 @@ KILL_POINTS = {
     "everything": "every process of dagster dev at once: daemon, webserver, code server, "
     "runs and their Spark JVMs",
 }
+#: Kill points of a shared Spark server only (``ExampleUnderTest.spark_server``).
+SHARED_SPARK_KILL_POINTS = {
+    "spark_server": "the shared Spark Connect server (its JVM and every Python worker it "
+    "started), in a backlog or in realtime; started again on its port at once, as a "
+    "service manager would",
+}
+
+
+def kill_points(shared_spark: bool) -> dict[str, str]:
+    """The kill points a trial may draw, with their descriptions."""
+    return KILL_POINTS | (SHARED_SPARK_KILL_POINTS if shared_spark else {})
+
+
 #: SQLite's WAL write lock: byte 120 of the ``-shm`` file, held from ``BEGIN IMMEDIATE``
 #: to ``COMMIT``.
 _WAL_WRITE_LOCK_BYTE = 120
@@ -278,6 +295,14 @@ class ExampleUnderTest:
         self.dead_at = time.time()
         return kinds
 
+    def restart_spark_server(self) -> None:
+        """Start the shared Spark server again on its port and folder, once the one
+        before is dead; ``stop_spark_server`` stops whichever runs last."""
+        dead = self.spark_server
+        assert dead is not None and dead.process.poll() is not None
+        self.spark_server = start_connect_server(dead.port, dead.log.parent)
+        wait_until_listening(self.spark_server)
+
     def realtime_commits(self, pipeline: str) -> int:
         rows = self._query(
             "SELECT count(*) FROM backlog_commits WHERE pipeline = ? AND phase = 'realtime'",
@@ -392,8 +417,13 @@ def strike(
     ``phase`` sets the phase the daemon or everything is killed in (drawn at random
     otherwise); the other kill points have theirs.
     """
-    if kill_point in ("daemon", "everything"):
-        kill_in = _kill_daemon if kill_point == "daemon" else _kill_everything
+    in_phase = {
+        "daemon": _kill_daemon,
+        "everything": _kill_everything,
+        "spark_server": _kill_spark_server,
+    }
+    if kill_point in in_phase:
+        kill_in = in_phase[kill_point]
         outcome, killed_at = kill_in(example, rng, phase or rng.choice(("backlog", "realtime")))
     else:
         kill = {
@@ -570,6 +600,23 @@ def _kill_everything(
     process.wait(30)
     example.process = None
     return Outcome("everything", "both", phase, True, killed), killed_at
+
+
+def _kill_spark_server(
+    example: ExampleUnderTest, rng: random.Random, phase: str
+) -> tuple[Outcome, float]:
+    """Every run's Spark work dies with it: queries, jobs, sessions and the commits under
+    way in its ``foreachBatch`` workers."""
+    server = example.spark_server
+    if server is None:
+        raise ValueError("the spark_server kill point needs a shared Spark server")
+    _wait_for_phase(example, rng, phase)
+    pids = processes_under(server.process.pid) | {server.process.pid}
+    killed_at = time.time()
+    killed = example.kill(pids)
+    server.process.wait(30)
+    example.restart_spark_server()
+    return Outcome("spark_server", "both", phase, True, killed), killed_at
 
 
 def _wait_for_phase(example: ExampleUnderTest, rng: random.Random, phase: str) -> None:
