@@ -212,10 +212,12 @@ def recovery(trials: list[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown(figures: dict[str, Any]) -> str:
     settings = figures["settings"]
+    # A resumed run goes on up to its own --trials.
+    planned = [settings, *figures.get("resumed", [])][-1]["trials"]
     lines = [
         f"# Crash matrix, {figures['date'][:10]}",
         "",
-        f"{len(figures['trials'])} of {settings['trials']} trials, in "
+        f"{len(figures['trials'])} of {planned} trials, in "
         f"{len(figures['sessions'])} finished session(s) of the "
         f"example project under `dagster dev`; backlog {settings['records']:,} records, live "
         f"producer {settings['live_rate']:,} records/s; seed {settings['seed']}"
