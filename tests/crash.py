@@ -297,7 +297,8 @@ class ExampleUnderTest:
 
     def restart_spark_server(self) -> None:
         """Start the shared Spark server again on its port and folder, once the one
-        before is dead; ``stop_spark_server`` stops whichever runs last."""
+        before is dead. Whoever started the first server stops the last one
+        (``bench/crash.py``)."""
         dead = self.spark_server
         assert dead is not None and dead.process.poll() is not None
         self.spark_server = start_connect_server(dead.port, dead.log.parent)
