@@ -540,7 +540,7 @@ def _kill_during_sink_write(example: ExampleUnderTest, rng: random.Random) -> tu
     held_before: set[int] = set()
     before = 0
     while time.monotonic() < deadline:
-        if time.monotonic() - looked_up > 1:  # a server's workers come and go
+        if shared and time.monotonic() - looked_up > 1:  # a server's workers come and go
             candidates, looked_up = writers(), time.monotonic()
         held = _write_lock_holders(candidates, shm)
         if held and not held_before:
