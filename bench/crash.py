@@ -79,15 +79,17 @@ def main() -> None:
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
 
+    points = kill_points(args.spark_connect)
+
     def write() -> None:
         figures = {
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "settings": earlier.get("settings", vars(args)),
             "resumed": earlier.get("resumed", []) + ([vars(args)] if args.resume else []),
-            "kill_points": kill_points(args.spark_connect),
+            "kill_points": points,
             "trials": trials,
             "sessions": sessions,
-            "summary": summarize(trials, kill_points(args.spark_connect)),
+            "summary": summarize(trials, points),
             "recovery": recovery(trials),
             "bench_seconds": round(earlier["bench_seconds"] + time.monotonic() - started, 1),
         }
