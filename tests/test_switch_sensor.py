@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import pytest
 
+from backlog_dagster.components import switch
 from backlog_dagster.components.pipeline import pipeline_definitions
 from backlog_dagster.phases.progress import RunProgress
 from backlog_dagster.sink import open_sink
@@ -35,7 +37,7 @@ def add_run(
 
 
 def test_a_run_refused_by_hand_hides_no_active_run_and_only_own_failures_wait(
-    make_topic: MakeTopic, tmp_path: Path
+    make_topic: MakeTopic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     make_topic(records=1_000, buckets=2)
     config = pipeline(tmp_path, CUSTOMER_TOTALS)
@@ -93,17 +95,50 @@ def test_a_run_refused_by_hand_hides_no_active_run_and_only_own_failures_wait(
         assert [r.job_name for r in third.run_requests] == [JOB]
 
         # A run whose own code failed as soon as it started waits before the next try,
-        # so a persistent error does not launch a run every tick.
+        # longer with each such failure in a row, so a persistent error does not launch a
+        # run every tick while a passing one costs seconds.
+        for wait in (5, 10, 20, 30, 30):
+            failing = add_run(
+                instance, dg.DagsterRunStatus.STARTED, **{"dagster/failure_reason": "STEP_FAILURE"}
+            )
+            instance.report_run_failed(failing)
+            waiting = tick(instance)
+            assert waiting.run_requests == []
+            assert waiting.skip_reason.skip_message.endswith(
+                f"; the backlog run {failing.run_id} failed soon after it started; retrying "
+                f"{wait} s after it ended"
+            )
+            monkeypatch.setattr(switch, "time", Later(wait - 1))
+            assert tick(instance).run_requests == []
+            monkeypatch.setattr(switch, "time", Later(wait + 1))
+            assert [r.job_name for r in tick(instance).run_requests] == [JOB]
+            monkeypatch.setattr(switch, "time", time)
+        # A run that worked longer before it failed starts the count again.
+        worked = add_run(
+            instance, dg.DagsterRunStatus.STARTED, **{"dagster/failure_reason": "STEP_FAILURE"}
+        )
+        instance.report_run_failed(worked)
+        monkeypatch.setattr(switch, "_failed_early", lambda context, run: None)
+        assert [r.job_name for r in tick(instance).run_requests] == [JOB]
+        monkeypatch.undo()
         failing = add_run(
             instance, dg.DagsterRunStatus.STARTED, **{"dagster/failure_reason": "STEP_FAILURE"}
         )
         instance.report_run_failed(failing)
-        fourth = tick(instance)
-        assert fourth.run_requests == []
-        assert fourth.skip_reason.skip_message.endswith(
-            f"; the backlog run {failing.run_id} failed soon after it started; retrying 30 s "
-            "after it ended"
-        )
+        assert tick(instance).skip_reason.skip_message.endswith("retrying 5 s after it ended")
+
+
+class Later:
+    """The ``time`` module as the switch sensor sees it, ``seconds`` later."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def time(self) -> float:
+        return time.time() + self.seconds
 
 
 def test_a_definition_that_does_not_fit_its_source_takes_no_markers(

@@ -69,11 +69,14 @@ from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation, PhaseChange, Sink, open_sink
 from backlog_dagster.source import SourceError, open_source
 
-#: A run whose own code failed within this long of its start is restarted no sooner
-#: than this after it ended, so a persistent failure (a missing topic, say) does not
-#: launch a run every tick. A run that failed after working longer, or whose process
-#: died (killed, out of memory), is restarted at once: waiting would change nothing.
+#: A run whose own code failed within this long of its start failed early: the next
+#: one waits after it ended, 5 s after the first such failure in a row and twice as
+#: long after each next one, up to this; so a persistent failure (a missing topic,
+#: say) does not launch a run every tick, and a passing one (a Spark Connect server
+#: starting again) costs seconds. A run that failed after working longer, or whose
+#: process died (killed, out of memory), is restarted at once: waiting changes nothing.
 RETRY_AFTER_S = 30
+FIRST_RETRY_AFTER_S = 5
 #: The failure reasons Dagster tags a run with (``dagster/failure_reason``) when its own
 #: code failed; a run whose process died has another reason, or none.
 OWN_FAILURES = frozenset({"STEP_FAILURE", "RUN_EXCEPTION", "JOB_INITIALIZATION_FAILURE"})
@@ -574,16 +577,24 @@ def _run_request(
             f"the {phase} run {previous.run_id} was cancelled by a user; turn the "
             f"sensor off and on to let it restart the {phase} phase"
         )
+    early_field = f"{phase}_early_failures"
+    ended_early = None
     if (
         previous is not None
         and previous.status == dg.DagsterRunStatus.FAILURE
-        and _failed_early(context, previous)
         and phase not in died
     ):
-        return None, (
-            f"the {phase} run {previous.run_id} failed soon after it started; retrying "
-            f"{RETRY_AFTER_S} s after it ended"
-        )
+        ended_early = _failed_early(context, previous)
+    early_failures = cursor.get(early_field, 0) + 1 if ended_early is not None else 0
+    if ended_early is not None:
+        assert previous is not None
+        wait = retry_wait(early_failures)
+        if time.time() - ended_early < wait:
+            return None, (
+                f"the {phase} run {previous.run_id} failed soon after it started; retrying "
+                f"{wait:g} s after it ended"
+            )
+    cursor[early_field] = early_failures
     attempt_field = f"{phase}_attempt"
     attempt = cursor.get(attempt_field, 1) if number else 1
     if previous is not None:
@@ -752,14 +763,22 @@ def _end_silent_run(
     )
 
 
-def _failed_early(context: dg.SensorEvaluationContext, run: dg.DagsterRun) -> bool:
-    """The run's own code failed within ``RETRY_AFTER_S`` of its start, less than that ago."""
+def retry_wait(early_failures: int) -> float:
+    """How long after the last of ``early_failures`` early failures in a row the next run
+    starts: 5, 10, 20, then 30 s."""
+    return min(RETRY_AFTER_S, FIRST_RETRY_AFTER_S * 2 ** (early_failures - 1))
+
+
+def _failed_early(context: dg.SensorEvaluationContext, run: dg.DagsterRun) -> float | None:
+    """When the run ended, if its own code failed within ``RETRY_AFTER_S`` of its start."""
     if run.tags.get("dagster/failure_reason") not in OWN_FAILURES:
-        return False
+        return None
     stats = context.instance.get_run_stats(run.run_id)
-    ended = stats.end_time or stats.launch_time or 0
+    ended = stats.end_time
+    if ended is None:
+        return None
     started = stats.start_time or stats.launch_time or ended
-    return time.time() - ended < RETRY_AFTER_S and ended - started < RETRY_AFTER_S
+    return ended if ended - started < RETRY_AFTER_S else None
 
 
 def _cancelled_by_user(context: dg.SensorEvaluationContext, run: dg.DagsterRun | None) -> bool:
