@@ -238,13 +238,12 @@ def pipeline_spark(
     of the block never show a master read from there. A realtime step goes on with the
     session its run's backlog step ``handed`` over (``take_over``), if it did."""
     from backlog_dagster.pipeline.secrets import resolve, secret_kept_out
-    from backlog_dagster.spark.session import get_session
 
     phase_conf = pipeline.backlog.spark_conf if phase == "backlog" else pipeline.realtime.spark_conf
     master = resolve(pipeline.spark_master, "spark_master")
     with secret_kept_out(pipeline.spark_master, master):
         if handed is None:
-            session = get_session(master, f"{phase}-{pipeline.name}", {**phase_conf, **run_conf})
+            session = new_pipeline_session(pipeline, phase, run_conf)
         else:
             session = handed.spark
             _settings_of_realtime(session, master, handed.settings, {**phase_conf, **run_conf})
@@ -256,6 +255,21 @@ def pipeline_spark(
             # unless the run's realtime step goes on with it.
             if master.startswith("sc://") and run_id not in _handed_over:
                 session.stop()
+
+
+def new_pipeline_session(
+    pipeline: PipelineConfig, phase: str, run_conf: Mapping[str, str] = {}
+) -> "SparkSession":
+    """A session on the pipeline's master with the phase's ``spark_conf`` and then the
+    run's: ``pipeline_spark``'s, and the one a realtime run goes on in when its Spark
+    Connect server started again under it."""
+    from backlog_dagster.pipeline.secrets import resolve, secret_kept_out
+    from backlog_dagster.spark.session import get_session
+
+    phase_conf = pipeline.backlog.spark_conf if phase == "backlog" else pipeline.realtime.spark_conf
+    master = resolve(pipeline.spark_master, "spark_master")
+    with secret_kept_out(pipeline.spark_master, master):
+        return get_session(master, f"{phase}-{pipeline.name}", {**phase_conf, **run_conf})
 
 
 @dataclass(frozen=True)
@@ -635,6 +649,7 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
                     armed=armed,
                     # The backlog step's session read the source moments ago.
                     source_reached=handed is not None,
+                    reopen=lambda: new_pipeline_session(pipeline, "realtime", config.spark_conf),
                 )
                 ended = realtime_ended_metadata(status, status_sink)
             yield dg.MaterializeResult(metadata=ended)

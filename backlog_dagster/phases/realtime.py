@@ -61,7 +61,7 @@ from backlog_dagster.phases.watermark import judged_by_arrival
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation, Sink, SinkUnreachable
 from backlog_dagster.source import Source, open_source
-from backlog_dagster.spark.session import runs_elsewhere
+from backlog_dagster.spark.session import connect_session_closed, is_connect, runs_elsewhere
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -163,12 +163,16 @@ def run_realtime(
     shuffle_partitions: int | None = None,
     armed: ArmedQuery | None = None,
     source_reached: bool = False,
+    reopen: Callable[[], SparkSession] | None = None,
 ) -> RealtimeStatus:
     """Run micro-batches until ``should_stop()``; ``status_sink`` is a second connection.
     ``armed``: the query ``armed_realtime`` started for this run (same config, checkpoint
     folder, interval and shuffle partitions), to go on with instead of starting one.
     ``source_reached``: this session's executors have read the source already (the
     backlog step's session, handed over), so the query start skips that check's job.
+    ``reopen``: a new session like ``spark``, for when ``spark`` is a Spark Connect
+    session whose server started again under the query (``server_restarted``): the run
+    then goes on in a new session rather than failing.
 
     Refused (``PhaseAlreadyRunning``) while another run of the pipeline is going.
     """
@@ -189,6 +193,7 @@ def run_realtime(
             checkpoint_interval,
             shuffle_partitions,
             source_reached or armed is not None,
+            reopen,
         )
 
 
@@ -237,7 +242,7 @@ def armed_realtime(
     try:
         yield ArmedQuery(query, holder)
     finally:
-        query.stop()
+        _stop(query, spark)
 
 
 def arm_beside(
@@ -352,6 +357,59 @@ def _run_realtime(
     checkpoint_interval: float | None,
     shuffle_partitions: int | None,
     source_reached: bool,
+    reopen: Callable[[], SparkSession] | None,
+) -> RealtimeStatus:
+    #: The sessions ``reopen`` gave this run, stopped when it ends.
+    opened: list[SparkSession] = []
+    try:
+        return _run_queries(
+            spark,
+            config,
+            commit,
+            armed,
+            sink,
+            status_sink,
+            checkpoint_dir,
+            should_stop,
+            log,
+            on_status,
+            status_every_s,
+            checkpoint_interval,
+            shuffle_partitions,
+            source_reached,
+            None if reopen is None else _keeping(reopen, opened),
+        )
+    finally:
+        for session in opened:
+            session.stop()
+
+
+def _keeping(
+    reopen: Callable[[], SparkSession], opened: list[SparkSession]
+) -> Callable[[], SparkSession]:
+    def reopened() -> SparkSession:
+        opened.append(reopen())
+        return opened[-1]
+
+    return reopened
+
+
+def _run_queries(
+    spark: SparkSession,
+    config: PipelineConfig,
+    commit: MicroBatchCommit,
+    armed: StreamingQuery | None,
+    sink: Sink,
+    status_sink: Sink,
+    checkpoint_dir: Path,
+    should_stop: Callable[[], bool],
+    log: Callable[[str], None],
+    on_status: Callable[[RealtimeStatus], None],
+    status_every_s: float,
+    checkpoint_interval: float | None,
+    shuffle_partitions: int | None,
+    source_reached: bool,
+    reopen: Callable[[], SparkSession] | None,
 ) -> RealtimeStatus:
     with open_source(config) as topic:
         schema = _query_schema(spark, config, topic, reach=not source_reached)
@@ -387,7 +445,7 @@ def _run_realtime(
             query = _start_query(
                 new_stream_reader(spark), config, schema, commit, interval, checkpoint_dir, log
             )
-        armed = None
+        armed, started_on = None, spark
         try:
             next_report = time.monotonic()
             while not should_stop():
@@ -405,8 +463,26 @@ def _run_realtime(
                     on_status(status)
                     next_report = time.monotonic() + status_every_s
             error = query.exception()
+        except Exception as lost:
+            if reopen is None or not server_restarted(spark, lost):
+                raise
+            # The server's queries went with it: go on in a new session on the server
+            # started again, from the sink's progress, as the next run would have.
+            log(
+                "realtime: the Spark Connect server started again under the query "
+                f"({_first_line(lost)}); going on in a new session from the sink's progress"
+            )
+            spark = reopen()
+            _apply_settings(spark, config, shuffle_partitions, log)
+            held = status_sink.current_generation()
+            if held is None or _replaced(generation, status_sink, log):
+                return status
+            generation = held
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
+            status.batches_before_restart = status.batches
+            continue
         finally:
-            query.stop()
+            _stop(query, started_on)
         # A query that failed once its generation was replaced ends the run as the
         # replacement does: what failed is the new generation's runs' to do.
         if error is None or _replaced(generation, status_sink, log):
@@ -456,6 +532,27 @@ def _run_realtime(
         status.batches_before_restart = status.batches
     _refresh(status, counts, query.lastProgress, config, status_sink, log)
     return status
+
+
+def server_restarted(spark: SparkSession, error: BaseException) -> bool:
+    """Whether ``error`` says that the Spark Connect server of ``spark`` started again
+    (a new server knows none of the old one's sessions): the client then closes the
+    session, or the server names the session's handle as gone. A server that stays
+    unreachable is not this: the client keeps trying it (``retry_often``), then fails."""
+    if not is_connect(spark):
+        return False
+    return connect_session_closed(spark) or "INVALID_HANDLE.SESSION" in str(error)
+
+
+def _stop(query: StreamingQuery, started_on: SparkSession) -> None:
+    """Stop the query; where its session is gone with its server, there is nothing to
+    stop, and the client says so with an error."""
+    if not connect_session_closed(started_on):
+        query.stop()
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _ended(query: StreamingQuery) -> bool:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from backlog_dagster.components.pipeline import (
     data_root,
+    new_pipeline_session,
     pipeline_spark,
     user_error_types,
     with_paths_under,
@@ -221,6 +222,7 @@ def realtime(defs_yaml: Path, seconds: float | None) -> None:
                 f"realtime: {s.batches} batches, {s.records:,} records, lag "
                 f"{sum(s.offset_lag.values()):,} records, {s.records_per_s:,.0f} records/s"
             ),
+            reopen=lambda: new_pipeline_session(config, "realtime"),
         )
     console.print(
         f"realtime of {config.name} stopped: {status.batches} batches, "

@@ -137,6 +137,12 @@ def is_connect(spark: SparkSession) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
+def connect_session_closed(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect session whose client has closed: stopped, or
+    told by a server that started again that its session is gone."""
+    return is_connect(spark) and bool(spark.is_stopped)  # type: ignore[attr-defined]
+
+
 #: Per Spark Connect client session, the tasks its server runs at once.
 _slots_of_clients: weakref.WeakKeyDictionary[SparkSession, int] = weakref.WeakKeyDictionary()
 
