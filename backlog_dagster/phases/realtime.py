@@ -472,6 +472,9 @@ def _run_queries(
                 "realtime: the Spark Connect server started again under the query "
                 f"({_first_line(lost)}); going on in a new session from the sink's progress"
             )
+            # Closed first (it never raises), so that the new session is not the old one
+            # handed back, and the query's stop below does not ask the server for it.
+            started_on.stop()
             spark = reopen()
             _apply_settings(spark, config, shuffle_partitions, log)
             held = status_sink.current_generation()
