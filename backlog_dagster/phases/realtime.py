@@ -177,24 +177,30 @@ def run_realtime(
     Refused (``PhaseAlreadyRunning``) while another run of the pipeline is going.
     """
     holder = _new_holder() if armed is None else armed.holder
+    #: The sessions ``reopen`` gave this run, stopped when it ends.
+    opened: list[SparkSession] = []
     with exclusive_run(sink, config, "realtime", holder=holder):
-        return _run_realtime(
-            spark,
-            config,
-            _commit_for(config, holder),
-            None if armed is None else armed.query,
-            sink,
-            status_sink,
-            checkpoint_dir,
-            should_stop,
-            log,
-            on_status,
-            status_every_s,
-            checkpoint_interval,
-            shuffle_partitions,
-            source_reached or armed is not None,
-            reopen,
-        )
+        try:
+            return _run_realtime(
+                spark,
+                config,
+                _commit_for(config, holder),
+                None if armed is None else armed.query,
+                sink,
+                status_sink,
+                checkpoint_dir,
+                should_stop,
+                log,
+                on_status,
+                status_every_s,
+                checkpoint_interval,
+                shuffle_partitions,
+                source_reached or armed is not None,
+                None if reopen is None else _keeping(reopen, opened),
+            )
+        finally:
+            for session in opened:
+                session.stop()
 
 
 @dataclass(frozen=True)
@@ -342,48 +348,6 @@ def _apply_settings(
     log("realtime: Spark settings " + ", ".join(f"{k}={v}" for k, v in settings.items()))
 
 
-def _run_realtime(
-    spark: SparkSession,
-    config: PipelineConfig,
-    commit: MicroBatchCommit,
-    armed: StreamingQuery | None,
-    sink: Sink,
-    status_sink: Sink,
-    checkpoint_dir: Path,
-    should_stop: Callable[[], bool],
-    log: Callable[[str], None],
-    on_status: Callable[[RealtimeStatus], None],
-    status_every_s: float,
-    checkpoint_interval: float | None,
-    shuffle_partitions: int | None,
-    source_reached: bool,
-    reopen: Callable[[], SparkSession] | None,
-) -> RealtimeStatus:
-    #: The sessions ``reopen`` gave this run, stopped when it ends.
-    opened: list[SparkSession] = []
-    try:
-        return _run_queries(
-            spark,
-            config,
-            commit,
-            armed,
-            sink,
-            status_sink,
-            checkpoint_dir,
-            should_stop,
-            log,
-            on_status,
-            status_every_s,
-            checkpoint_interval,
-            shuffle_partitions,
-            source_reached,
-            None if reopen is None else _keeping(reopen, opened),
-        )
-    finally:
-        for session in opened:
-            session.stop()
-
-
 def _keeping(
     reopen: Callable[[], SparkSession], opened: list[SparkSession]
 ) -> Callable[[], SparkSession]:
@@ -394,7 +358,7 @@ def _keeping(
     return reopened
 
 
-def _run_queries(
+def _run_realtime(
     spark: SparkSession,
     config: PipelineConfig,
     commit: MicroBatchCommit,
