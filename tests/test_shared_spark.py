@@ -106,6 +106,50 @@ def test_on_spark_connect_a_dead_runs_query_commits_nothing_and_stops_and_the_ne
     assert_same(results, oracle, ["customer_id"])
 
 
+def test_a_backlog_goes_on_in_a_new_session_when_its_connect_server_starts_again(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """A backlog in chunks on a Connect server of its own, SIGKILLed after the first
+    chunk's commit and started again on its port: the same run goes on in a new session
+    from the sink's last commit, says so, and the results equal the oracle."""
+    topic = make_topic(records=2_000_000, buckets=4)
+    with servers.connect_server(tmp_path / "server", master="local[2]") as first:
+        config = pipeline(
+            tmp_path,
+            CUSTOMER_TOTALS,
+            backlog={"checkpoint_interval": 1},
+            spark_master=first.url,
+        )
+        defs = write_defs(tmp_path / "defs" / "customer_totals", config, data=tmp_path)
+        backlog = start_phase(defs, tmp_path)
+        assert backlog.stdout is not None
+        said = []
+        for line in backlog.stdout:
+            said.append(line)
+            if "then the sink's commit" in line:  # a chunk committed
+                break
+        at_kill = sum(reached(config).values())
+        assert 0 < at_kill < 2_000_000, "".join(said)
+        servers.stop(first, signal.SIGKILL)
+        killed_at = time.monotonic()
+        time.sleep(3)
+        again = servers.start_connect_server(first.port, tmp_path / "server", master="local[2]")
+        try:
+            output, _ = backlog.communicate(timeout=600)
+        finally:
+            servers.stop(again)
+    print(f"\nbacklog finished {time.monotonic() - killed_at:.1f} s after the server's kill")
+    output = "".join(said) + output
+    print(*[line for line in output.splitlines() if "started again" in line], sep="\n")
+    assert backlog.returncode == 0, output
+    assert "backlog: the Spark Connect server started again under this run" in output, output
+    assert sum(reached(config).values()) == 2_000_000
+    with open_sink(config) as sink:
+        results = sink.read_results().to_pandas()
+    oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
+    assert_same(results, oracle, ["customer_id"])
+
+
 def test_a_warm_up_leaves_the_process_that_asked_for_it_free_to_start_a_local_spark(
     connect: servers.SparkServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

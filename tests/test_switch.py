@@ -402,7 +402,8 @@ def the_shared_spark_dies_and_comes_back(
         for name, run_id in running.items():
             assert realtime_run_of(instance, name) == run_id
             said = [e.user_message for e in instance.all_logs(run_id)]
-            assert any("the Spark Connect server started again under the query" in m for m in said)
+            went_on = "realtime: the Spark Connect server started again under this run"
+            assert any(went_on in m for m in said)
     finally:
         producer.stop()
     caught_up_and_exact(configs, topic)

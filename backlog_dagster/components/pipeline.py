@@ -413,12 +413,19 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
                     checkpoint_interval=config.checkpoint_interval,
                     log=context.log.info,
                     run_id=run_id,
+                    reopen=lambda: new_pipeline_session(pipeline, "backlog", config.spark_conf),
                 )
                 in_table = sink.dead_letter_count()
                 finished = backlog_finished_metadata(
                     sink, report.generation, report.rows_read, report.seconds
                 )
-                if armed is not None:
+                if armed is not None and report.server_restarts:
+                    context.log.info(
+                        "backlog: the armed realtime query and this run's first session went "
+                        "with the Spark Connect server; this run ends with its backlog, and "
+                        "the switch sensor starts the realtime run"
+                    )
+                elif armed is not None:
                     _go_on_as_realtime(
                         context, pipeline, sink, spark, report.spark_settings, armed, armed_query
                     )
@@ -581,8 +588,8 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
         handed = take_over(run_id) if goes_on_as_realtime(context, pipeline) else None
         if goes_on_as_realtime(context, pipeline) and handed is None:
             context.log.info(
-                "realtime: this backlog run does not go on as the realtime run (the switch "
-                "was not due when its backlog ended); nothing materialized"
+                "realtime: this backlog run does not go on as the realtime run (its backlog "
+                "step said why); nothing materialized"
             )
             return
         checkpoint = realtime_checkpoint(pipeline, run_id)

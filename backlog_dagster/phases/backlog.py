@@ -59,7 +59,12 @@ from backlog_dagster.phases.truncation import handle_truncation, removed_unread
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import BucketState, Generation, Sink, open_sink
 from backlog_dagster.source import Source, open_source
-from backlog_dagster.spark.session import runs_elsewhere
+from backlog_dagster.spark.session import (
+    Reopen,
+    reopened_after_restart,
+    runs_elsewhere,
+    stopping_reopened,
+)
 from backlog_dagster.spark.source import share_read_limit
 from backlog_dagster.spark.task_progress import TasksDone, watching_tasks
 
@@ -105,6 +110,9 @@ class BacklogReport:
     #: Per bucket, the end of the last chunk whose Spark job ended (its commit may still
     #: be in flight): what the run has read, for its published progress.
     read_to: dict[int, int] = field(default_factory=dict)
+    #: Times the run went on in a new session because its Spark Connect server started
+    #: again under it (``run_backlog``'s ``reopen``).
+    server_restarts: int = 0
 
     @property
     def records_per_second(self) -> float:
@@ -137,15 +145,20 @@ def run_backlog(
     checkpoint_interval: float | None = None,
     log: Callable[[str], None] = print,
     run_id: str = "",
+    reopen: Reopen | None = None,
 ) -> BacklogReport:
     """Process the backlog up to the markers; return what was done.
 
     Refused (``PhaseAlreadyRunning``) while another run of the pipeline is going. While
     it works, the run publishes its progress in the sink every ``switch.status_every``
-    (``phases.progress``), as ``run_id`` when given.
+    (``phases.progress``), as ``run_id`` when given. ``reopen``: a new session like
+    ``spark``, for when ``spark`` is a Spark Connect session whose server started again
+    under the backlog (``server_restarted``): the run then closes ``spark`` and goes on
+    in a new session from the sink's last commit rather than failing
+    (``BacklogReport.server_restarts``); the sessions it opened stop as it returns.
     """
-    with exclusive_run(sink, config, "backlog"):
-        return _run_backlog(spark, config, sink, checkpoint_interval, log, run_id)
+    with exclusive_run(sink, config, "backlog"), stopping_reopened(reopen) as reopen_kept:
+        return _run_backlog(spark, config, sink, checkpoint_interval, log, run_id, reopen_kept)
 
 
 def _run_backlog(
@@ -155,6 +168,7 @@ def _run_backlog(
     checkpoint_interval: float | None,
     log: Callable[[str], None],
     run_id: str,
+    reopen: Reopen | None,
 ) -> BacklogReport:
     interval = (
         config.backlog.checkpoint_interval if checkpoint_interval is None else checkpoint_interval
@@ -173,18 +187,36 @@ def _run_backlog(
         read_from=read_from,
         previous_chunk_rate=previous_chunk_rate(sink),
     )
-    with publishing_progress(spark, config, report, run_id or "backlog", log):
-        # Read to the markers, then to new ones while the watermark lag or the records
-        # that arrived meanwhile ask for them.
-        residual = None
-        while True:
-            generation = _read_to_markers(spark, config, sink, generation, interval, report, log)
+    # Read to the markers, then to new ones while the watermark lag or the records that
+    # arrived meanwhile ask for them.
+    residual = None
+    while True:
+        try:
+            with publishing_progress(spark, config, report, run_id or "backlog", log):
+                while True:
+                    generation = _read_to_markers(
+                        spark, config, sink, generation, interval, report, log
+                    )
+                    with open_source(config) as topic:
+                        extended = extend_markers(sink, topic, config, log, residual)
+                    if extended is None:
+                        break
+                    generation = extended
+                    residual = _left(generation)
+                    report.generation = generation.number
+            break
+        except Exception as lost:
+            # The chunk's Spark job went with the server, and any chunk committed before
+            # it is in the sink (a failed job waits for the commit in flight): go on from
+            # there in a new session on the server started again, as the next run would.
+            reopened = reopened_after_restart(spark, lost, reopen, log, "backlog")
+            if reopened is None:
+                raise
+            spark = reopened
+            report.server_restarts += 1
+            report.chunk = None
             with open_source(config) as topic:
-                extended = extend_markers(sink, topic, config, log, residual)
-            if extended is None:
-                break
-            generation = extended
-            residual = _left(generation)
+                generation = current_generation(sink, topic, config, log)
             report.generation = generation.number
     report.seconds = time.monotonic() - started
     report.buckets = generation.buckets

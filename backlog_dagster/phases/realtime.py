@@ -61,7 +61,13 @@ from backlog_dagster.phases.watermark import judged_by_arrival
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation, Sink, SinkUnreachable
 from backlog_dagster.source import Source, open_source
-from backlog_dagster.spark.session import connect_session_closed, is_connect, runs_elsewhere
+from backlog_dagster.spark.session import (
+    Reopen,
+    connect_session_closed,
+    reopened_after_restart,
+    runs_elsewhere,
+    stopping_reopened,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -163,7 +169,7 @@ def run_realtime(
     shuffle_partitions: int | None = None,
     armed: ArmedQuery | None = None,
     source_reached: bool = False,
-    reopen: Callable[[], SparkSession] | None = None,
+    reopen: Reopen | None = None,
 ) -> RealtimeStatus:
     """Run micro-batches until ``should_stop()``; ``status_sink`` is a second connection.
     ``armed``: the query ``armed_realtime`` started for this run (same config, checkpoint
@@ -177,30 +183,27 @@ def run_realtime(
     Refused (``PhaseAlreadyRunning``) while another run of the pipeline is going.
     """
     holder = _new_holder() if armed is None else armed.holder
-    #: The sessions ``reopen`` gave this run, stopped when it ends.
-    opened: list[SparkSession] = []
-    with exclusive_run(sink, config, "realtime", holder=holder):
-        try:
-            return _run_realtime(
-                spark,
-                config,
-                _commit_for(config, holder),
-                None if armed is None else armed.query,
-                sink,
-                status_sink,
-                checkpoint_dir,
-                should_stop,
-                log,
-                on_status,
-                status_every_s,
-                checkpoint_interval,
-                shuffle_partitions,
-                source_reached or armed is not None,
-                None if reopen is None else _keeping(reopen, opened),
-            )
-        finally:
-            for session in opened:
-                session.stop()
+    with (
+        exclusive_run(sink, config, "realtime", holder=holder),
+        stopping_reopened(reopen) as reopen_kept,
+    ):
+        return _run_realtime(
+            spark,
+            config,
+            _commit_for(config, holder),
+            None if armed is None else armed.query,
+            sink,
+            status_sink,
+            checkpoint_dir,
+            should_stop,
+            log,
+            on_status,
+            status_every_s,
+            checkpoint_interval,
+            shuffle_partitions,
+            source_reached or armed is not None,
+            reopen_kept,
+        )
 
 
 @dataclass(frozen=True)
@@ -348,16 +351,6 @@ def _apply_settings(
     log("realtime: Spark settings " + ", ".join(f"{k}={v}" for k, v in settings.items()))
 
 
-def _keeping(
-    reopen: Callable[[], SparkSession], opened: list[SparkSession]
-) -> Callable[[], SparkSession]:
-    def reopened() -> SparkSession:
-        opened.append(reopen())
-        return opened[-1]
-
-    return reopened
-
-
 def _run_realtime(
     spark: SparkSession,
     config: PipelineConfig,
@@ -373,7 +366,7 @@ def _run_realtime(
     checkpoint_interval: float | None,
     shuffle_partitions: int | None,
     source_reached: bool,
-    reopen: Callable[[], SparkSession] | None,
+    reopen: Reopen | None,
 ) -> RealtimeStatus:
     with open_source(config) as topic:
         schema = _query_schema(spark, config, topic, reach=not source_reached)
@@ -428,18 +421,13 @@ def _run_realtime(
                     next_report = time.monotonic() + status_every_s
             error = query.exception()
         except Exception as lost:
-            if reopen is None or not server_restarted(spark, lost):
-                raise
             # The server's queries went with it: go on in a new session on the server
-            # started again, from the sink's progress, as the next run would have.
-            log(
-                "realtime: the Spark Connect server started again under the query "
-                f"({_first_line(lost)}); going on in a new session from the sink's progress"
-            )
-            # Closed first (it never raises), so that the new session is not the old one
-            # handed back, and the query's stop below does not ask the server for it.
-            started_on.stop()
-            spark = reopen()
+            # started again, from the sink's progress, as the next run would have (the
+            # old session is closed: the query's stop below does not ask for it).
+            reopened = reopened_after_restart(started_on, lost, reopen, log, "realtime")
+            if reopened is None:
+                raise
+            spark = reopened
             _apply_settings(spark, config, shuffle_partitions, log)
             held = status_sink.current_generation()
             if held is None or _replaced(generation, status_sink, log):
@@ -501,25 +489,11 @@ def _run_realtime(
     return status
 
 
-def server_restarted(spark: SparkSession, error: BaseException) -> bool:
-    """Whether ``error`` says that the Spark Connect server of ``spark`` started again
-    (a new server knows none of the old one's sessions): the client then closes the
-    session, or the server names the session's handle as gone. A server that stays
-    unreachable is not this: the client keeps trying it (``retry_often``), then fails."""
-    if not is_connect(spark):
-        return False
-    return connect_session_closed(spark) or "INVALID_HANDLE.SESSION" in str(error)
-
-
 def _stop(query: StreamingQuery, started_on: SparkSession) -> None:
     """Stop the query; where its session is gone with its server, there is nothing to
     stop, and the client says so with an error."""
     if not connect_session_closed(started_on):
         query.stop()
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _ended(query: StreamingQuery) -> bool:

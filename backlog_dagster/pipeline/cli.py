@@ -74,7 +74,12 @@ def backlog(defs_yaml: Path, checkpoint_interval: float | None) -> None:
     ):
         _quiet(spark)
         report = run_backlog(
-            spark, config, sink, checkpoint_interval=checkpoint_interval, log=console.print
+            spark,
+            config,
+            sink,
+            checkpoint_interval=checkpoint_interval,
+            log=console.print,
+            reopen=lambda: new_pipeline_session(config, "backlog"),
         )
     console.print(
         f"backlog of {config.name} done: {report.rows_read:,} records read, "

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import sys
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from backlog_dagster.spark.class_archive import DRIVER_JAVA_OPTIONS, driver_java_option
@@ -141,6 +142,63 @@ def connect_session_closed(spark: SparkSession) -> bool:
     """Whether ``spark`` is a Spark Connect session whose client has closed: stopped, or
     told by a server that started again that its session is gone."""
     return is_connect(spark) and bool(spark.is_stopped)  # type: ignore[attr-defined]
+
+
+def server_restarted(spark: SparkSession, error: BaseException) -> bool:
+    """Whether ``error`` says that the Spark Connect server of ``spark`` started again
+    (a new server knows none of the old one's sessions): the client then closes the
+    session, or the server names the session's handle as gone. A server that stays
+    unreachable is not this: the client keeps trying it (``retry_often``), then fails."""
+    if not is_connect(spark):
+        return False
+    return connect_session_closed(spark) or "INVALID_HANDLE.SESSION" in str(error)
+
+
+#: A new session like the one a phase runs on, for when its Spark Connect server
+#: started again under it (``server_restarted``).
+Reopen = Callable[[], "SparkSession"]
+
+
+@contextmanager
+def stopping_reopened(reopen: Reopen | None) -> Iterator[Reopen | None]:
+    """``reopen``, keeping the sessions it opens in the block, which stop as it ends."""
+    if reopen is None:
+        yield None
+        return
+    opened: list[SparkSession] = []
+
+    def reopened() -> SparkSession:
+        opened.append(reopen())
+        return opened[-1]
+
+    try:
+        yield reopened
+    finally:
+        for session in opened:
+            session.stop()
+
+
+def reopened_after_restart(
+    spark: SparkSession,
+    error: BaseException,
+    reopen: Reopen | None,
+    log: Callable[[str], None],
+    phase: str,
+) -> SparkSession | None:
+    """A new session in place of ``spark`` when ``error`` says that its Spark Connect
+    server started again (``server_restarted``) and ``reopen`` is given, said in the
+    log; otherwise None, for the caller to raise ``error``. ``spark`` is closed first
+    (that never raises), so that the new session is not the old one handed back, and
+    nothing asks the new server for it."""
+    if reopen is None or not server_restarted(spark, error):
+        return None
+    said = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    log(
+        f"{phase}: the Spark Connect server started again under this run ({said}); "
+        "going on in a new session from the sink's progress"
+    )
+    spark.stop()
+    return reopen()
 
 
 #: Per Spark Connect client session, the tasks its server runs at once.
