@@ -257,6 +257,12 @@ def pipeline_spark(
                 session.stop()
 
 
+def _stop_unless_handed_over(spark: "SparkSession", run_id: str) -> None:
+    handed = _handed_over.get(run_id)
+    if handed is None or handed.spark is not spark:
+        spark.stop()
+
+
 def new_pipeline_session(
     pipeline: PipelineConfig, phase: str, run_conf: Mapping[str, str] = {}
 ) -> "SparkSession":
@@ -399,12 +405,28 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
             user_errors(defs_file),
             heartbeat(pipeline, run_id),
             pipeline_spark(pipeline, "backlog", config.spark_conf, run_id) as spark,
+            # Last in, first out: an armed query stops before the session it is on.
+            ExitStack() as reopened,
             ExitStack() as armed_query,
         ):
             settings = backlog_settings(pipeline.backlog, config)
+            goes_on = goes_on_as_realtime(context, pipeline)
             armed = None
-            if goes_on_as_realtime(context, pipeline):
+            if goes_on:
                 armed = _arm_realtime(context, pipeline, spark, settings, armed_query)
+
+            def reopen() -> "SparkSession":
+                """A session in place of one whose Spark Connect server started again
+                under the backlog (the backlog closed that one, and its armed query went
+                with the server): the realtime query is armed again beside the rest."""
+                nonlocal spark, armed
+                spark = new_pipeline_session(pipeline, "backlog", config.spark_conf)
+                # Stopped as the step ends, unless the realtime step goes on with it.
+                reopened.callback(_stop_unless_handed_over, spark, run_id)
+                if goes_on:
+                    armed = _arm_realtime(context, pipeline, spark, settings, armed_query)
+                return spark
+
             with open_sink(pipeline) as sink:
                 report = run_backlog(
                     spark,
@@ -413,19 +435,13 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
                     checkpoint_interval=config.checkpoint_interval,
                     log=context.log.info,
                     run_id=run_id,
-                    reopen=lambda: new_pipeline_session(pipeline, "backlog", config.spark_conf),
+                    reopen=reopen,
                 )
                 in_table = sink.dead_letter_count()
                 finished = backlog_finished_metadata(
                     sink, report.generation, report.rows_read, report.seconds
                 )
-                if armed is not None and report.server_restarts:
-                    context.log.info(
-                        "backlog: the armed realtime query and this run's first session went "
-                        "with the Spark Connect server; this run ends with its backlog, and "
-                        "the switch sensor starts the realtime run"
-                    )
-                elif armed is not None:
+                if armed is not None:
                     _go_on_as_realtime(
                         context, pipeline, sink, spark, report.spark_settings, armed, armed_query
                     )
@@ -583,13 +599,14 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
         from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG
         from backlog_dagster.phases.realtime import armed_realtime, run_realtime
         from backlog_dagster.phases.standby import await_switch, warm_up
+        from backlog_dagster.spark.session import stopping_reopened
 
         run_id = context.run.run_id
         handed = take_over(run_id) if goes_on_as_realtime(context, pipeline) else None
         if goes_on_as_realtime(context, pipeline) and handed is None:
             context.log.info(
-                "realtime: this backlog run does not go on as the realtime run (its backlog "
-                "step said why); nothing materialized"
+                "realtime: this backlog run does not go on as the realtime run (the switch "
+                "was not due when its backlog ended); nothing materialized"
             )
             return
         checkpoint = realtime_checkpoint(pipeline, run_id)
@@ -601,6 +618,9 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
                 open_sink(pipeline) as sink,
                 open_sink(pipeline) as status_sink,
                 pipeline_spark(pipeline, "realtime", config.spark_conf, run_id, handed) as spark,
+                stopping_reopened(
+                    lambda: new_pipeline_session(pipeline, "realtime", config.spark_conf)
+                ) as reopen,
                 ExitStack() as standby,
             ):
                 run_pipeline = with_run_settings(pipeline, config)
@@ -656,7 +676,7 @@ def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> d
                     armed=armed,
                     # The backlog step's session read the source moments ago.
                     source_reached=handed is not None,
-                    reopen=lambda: new_pipeline_session(pipeline, "realtime", config.spark_conf),
+                    reopen=reopen,
                 )
                 ended = realtime_ended_metadata(status, status_sink)
             yield dg.MaterializeResult(metadata=ended)

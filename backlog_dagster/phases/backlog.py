@@ -63,7 +63,6 @@ from backlog_dagster.spark.session import (
     Reopen,
     reopened_after_restart,
     runs_elsewhere,
-    stopping_reopened,
 )
 from backlog_dagster.spark.source import share_read_limit
 from backlog_dagster.spark.task_progress import TasksDone, watching_tasks
@@ -155,10 +154,11 @@ def run_backlog(
     ``spark``, for when ``spark`` is a Spark Connect session whose server started again
     under the backlog (``server_restarted``): the run then closes ``spark`` and goes on
     in a new session from the sink's last commit rather than failing
-    (``BacklogReport.server_restarts``); the sessions it opened stop as it returns.
+    (``BacklogReport.server_restarts``). The caller stops the last session ``reopen``
+    gave, or hands it on (``stopping_reopened`` stops them all).
     """
-    with exclusive_run(sink, config, "backlog"), stopping_reopened(reopen) as reopen_kept:
-        return _run_backlog(spark, config, sink, checkpoint_interval, log, run_id, reopen_kept)
+    with exclusive_run(sink, config, "backlog"):
+        return _run_backlog(spark, config, sink, checkpoint_interval, log, run_id, reopen)
 
 
 def _run_backlog(

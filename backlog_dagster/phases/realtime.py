@@ -66,7 +66,6 @@ from backlog_dagster.spark.session import (
     connect_session_closed,
     reopened_after_restart,
     runs_elsewhere,
-    stopping_reopened,
 )
 
 if TYPE_CHECKING:
@@ -178,15 +177,13 @@ def run_realtime(
     backlog step's session, handed over), so the query start skips that check's job.
     ``reopen``: a new session like ``spark``, for when ``spark`` is a Spark Connect
     session whose server started again under the query (``server_restarted``): the run
-    then goes on in a new session rather than failing.
+    then closes ``spark`` and goes on in a new session rather than failing. The caller
+    stops the sessions ``reopen`` gave (``stopping_reopened``).
 
     Refused (``PhaseAlreadyRunning``) while another run of the pipeline is going.
     """
     holder = _new_holder() if armed is None else armed.holder
-    with (
-        exclusive_run(sink, config, "realtime", holder=holder),
-        stopping_reopened(reopen) as reopen_kept,
-    ):
+    with exclusive_run(sink, config, "realtime", holder=holder):
         return _run_realtime(
             spark,
             config,
@@ -202,7 +199,7 @@ def run_realtime(
             checkpoint_interval,
             shuffle_partitions,
             source_reached or armed is not None,
-            reopen_kept,
+            reopen,
         )
 
 

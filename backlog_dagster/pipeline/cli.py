@@ -22,6 +22,7 @@ from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.load import PipelineFileError, load_pipeline, project_root_of
 from backlog_dagster.sink import open_sink
 from backlog_dagster.source import open_source
+from backlog_dagster.spark.session import stopping_reopened
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -71,6 +72,7 @@ def backlog(defs_yaml: Path, checkpoint_interval: float | None) -> None:
         naming_the_file(defs_yaml),
         pipeline_spark(config, "backlog") as spark,
         open_sink(config) as sink,
+        stopping_reopened(lambda: new_pipeline_session(config, "backlog")) as reopen,
     ):
         _quiet(spark)
         report = run_backlog(
@@ -79,7 +81,7 @@ def backlog(defs_yaml: Path, checkpoint_interval: float | None) -> None:
             sink,
             checkpoint_interval=checkpoint_interval,
             log=console.print,
-            reopen=lambda: new_pipeline_session(config, "backlog"),
+            reopen=reopen,
         )
     console.print(
         f"backlog of {config.name} done: {report.rows_read:,} records read, "
@@ -213,6 +215,7 @@ def realtime(defs_yaml: Path, seconds: float | None) -> None:
         open_sink(config) as sink,
         open_sink(config) as status_sink,
         tempfile.TemporaryDirectory(prefix="realtime-checkpoint-") as checkpoint,
+        stopping_reopened(lambda: new_pipeline_session(config, "realtime")) as reopen,
     ):
         _quiet(spark)
         status = run_realtime(
@@ -227,7 +230,7 @@ def realtime(defs_yaml: Path, seconds: float | None) -> None:
                 f"realtime: {s.batches} batches, {s.records:,} records, lag "
                 f"{sum(s.offset_lag.values()):,} records, {s.records_per_s:,.0f} records/s"
             ),
-            reopen=lambda: new_pipeline_session(config, "realtime"),
+            reopen=reopen,
         )
     console.print(
         f"realtime of {config.name} stopped: {status.batches} batches, "

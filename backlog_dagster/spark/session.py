@@ -161,7 +161,8 @@ Reopen = Callable[[], "SparkSession"]
 
 @contextmanager
 def stopping_reopened(reopen: Reopen | None) -> Iterator[Reopen | None]:
-    """``reopen``, keeping the sessions it opens in the block, which stop as it ends."""
+    """``reopen``, keeping the sessions it opens in the block, which stop as it ends
+    (one the phase replaced is stopped already: stopping it again does nothing)."""
     if reopen is None:
         yield None
         return
