@@ -457,8 +457,29 @@ def recover(example: ExampleUnderTest, struck: Strike) -> Outcome:
         )
     else:
         outcome.diagnosis = example.diagnose(since)
+    if outcome.kill_point == "spark_server":
+        outcome.note = went_on_in_new_sessions(example, killed_at)
     audit_into(outcome, example)
     return outcome
+
+
+#: What a run logs as it goes on in a new session after its Spark Connect server
+#: started again (``spark.session.reopened_after_restart``).
+WENT_ON = "the Spark Connect server started again under this run"
+
+
+def went_on_in_new_sessions(example: ExampleUnderTest, since: float) -> str:
+    """Which runs went on in a new session after the server's kill, as their logs say
+    (none: they failed, or were not under way, and the sensor started others)."""
+    went_on = []
+    for pipeline in PIPELINES:
+        for run in runs_of_phase(example.instance, pipeline, "backlog") + runs_of_phase(
+            example.instance, pipeline, "realtime"
+        ):
+            for entry in example.instance.all_logs(run.run_id):
+                if entry.timestamp >= since and WENT_ON in entry.user_message:
+                    went_on.append(f"{pipeline}'s {entry.user_message.split(':')[0]} run")
+    return "went on in a new session: " + (", ".join(sorted(set(went_on))) or "none")
 
 
 def audit_into(outcome: Outcome, example: ExampleUnderTest) -> None:
