@@ -730,6 +730,7 @@ def report_metadata(report: "BacklogReport") -> dict[str, dg.MetadataValue]:
         "bad_records": dg.MetadataValue.int(report.bad_records),
         "skipped_records": dg.MetadataValue.int(report.skipped_records),
         "chunks": dg.MetadataValue.int(report.chunks),
+        "spark_server_restarts": dg.MetadataValue.int(report.server_restarts),
         "duration_s": dg.MetadataValue.float(round(report.seconds, 3)),
         "records_per_s": dg.MetadataValue.float(round(report.records_per_second, 1)),
         "buckets": bucket_table(report.buckets.values(), report.read_from),
