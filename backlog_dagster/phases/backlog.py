@@ -23,6 +23,10 @@ With markers, the same happens when more than ``backlog.residual_records`` recor
 arrived while the backlog ran (``policy.residual_says_backlog``): realtime would clear
 them far slower than a batch round does.
 
+On a Spark Connect server that starts again under the run (``run_backlog``'s
+``reopen``), the run goes on in a new session from the sink's last commit, as the next
+run would have, without waiting for the sensor to start one.
+
 Each commit also records, per bucket, the latest event time read: the watermark the
 lag strategy measures (observed in the same Spark job, not by a second pass). With
 ``backlog.boundary: none`` the switch may end the backlog before the markers; the run
