@@ -66,7 +66,9 @@ def test_on_spark_connect_a_dead_runs_query_commits_nothing_and_stops_and_the_ne
     """Both phases run on the server; the realtime commits run there too. The realtime
     run's process is SIGKILLed: its query lives on in the server, but commits nothing
     more (its run no longer holds the run lock) and stops; the next run goes on from the
-    sink's progress, and the results equal the oracle."""
+    sink's progress. Then the server's process that commits that run's micro-batches is
+    SIGKILLed: the run starts its query again from the sink's progress and goes on. The
+    results equal the oracle."""
     topic = make_topic(records=20_000, buckets=3)
     config = pipeline(
         tmp_path, CUSTOMER_TOTALS, realtime={"checkpoint_interval": 0.3}, spark_master=connect.url
@@ -97,9 +99,16 @@ def test_on_spark_connect_a_dead_runs_query_commits_nothing_and_stops_and_the_ne
 
     rerun = start_phase(defs, tmp_path, phase="realtime")
     wait_for(lambda: reached(config) == topic.latest_offsets(), timeout=180)
+    workers = commit_workers(connect)
+    assert workers, "the commits do not run on the Connect server"
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    append_orders(topic, 5_000)
+    wait_for(lambda: reached(config) == topic.latest_offsets(), timeout=180)
     rerun.send_signal(signal.SIGTERM)
     output, _ = rerun.communicate(timeout=120)
     assert rerun.returncode == 0, output
+    assert "one of Spark's Python workers exited unexpectedly" in output, output
     with open_sink(config) as sink:
         results = sink.read_results().to_pandas()
     oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))

@@ -119,6 +119,12 @@ AUTO_READ_LIMIT_FLOOR = 100_000
 #: starting it again is safe, where the run would otherwise fail and the sensor start
 #: another, whose Dagster process and Spark session cost more than the wait.
 WORKER_SLOW_TO_START = "Python worker failed to connect back"
+#: What Spark says when one of its Python workers died under a running query: on a Spark
+#: Connect server the one running the query's ``foreachBatch`` (killed, or out of
+#: memory), or a stream reader's. A commit under way landed whole or left nothing (one
+#: sink transaction), so the query goes on from the sink's progress, as after a worker
+#: slow to start, rather than the run failing for the sensor to start another.
+WORKER_EXITED = "Python worker exited unexpectedly"
 QUERY_START_ATTEMPTS = 6
 #: The waits between attempts grow from the first to the longest (s): a busy machine's
 #: load comes in waves (runs starting, other backlogs' chunks), and each attempt costs
@@ -383,8 +389,9 @@ def _run_realtime(
     interval = checkpoint_interval or config.realtime.checkpoint_interval
     status = RealtimeStatus()
     counts = _Counts.now(status_sink)
-    #: Queries of this run stopped by a Python worker slow to start once they ran.
-    slow_worker_stops = 0
+    #: Queries of this run stopped by a Python worker slow to start once they ran, or
+    #: one that died (``_python_worker_lost``).
+    worker_stops = 0
     while True:
         start = QueryStart(generation.number, _reached(generation))
         said = f"realtime: starting at offsets {start.offsets}, micro-batches every {interval:g} s"
@@ -462,18 +469,16 @@ def _run_realtime(
                 generation = handle_truncation(sink, topic, config, held, log)
             elif (
                 held is not None
-                and _worker_slow_to_start(error)
-                and slow_worker_stops < QUERY_START_ATTEMPTS - 1
+                and (why := _python_worker_lost(error)) is not None
+                and worker_stops < QUERY_START_ATTEMPTS - 1
             ):
-                # Its stream reader's or a plan's Python worker, started once the query
-                # ran: the query stopped before or between commits, and goes on from the
+                # The query stopped before, between or in a commit, and goes on from the
                 # sink's progress, as the next run would.
-                slow_worker_stops += 1
-                wait = slow_worker_wait(slow_worker_stops)
+                worker_stops += 1
+                wait = slow_worker_wait(worker_stops)
                 log(
-                    "realtime: the query stopped: one of Spark's new Python workers did not "
-                    "connect back within Spark's fixed 10 s (a busy machine); starting it "
-                    f"again from the sink's progress in {wait:.0f} s"
+                    f"realtime: the query stopped: {why}; starting it again from the "
+                    f"sink's progress in {wait:.0f} s"
                 )
                 if _stopped_within(wait, should_stop):
                     break
@@ -590,6 +595,20 @@ def slow_worker_wait(attempt: int) -> float:
 
 def _worker_slow_to_start(error: BaseException) -> bool:
     return WORKER_SLOW_TO_START in str(error)
+
+
+def _python_worker_lost(error: BaseException | str) -> str | None:
+    """Why the query stopped, when one of Spark's Python workers stopped it (a new one
+    slow to start, or one that died): for the log; None otherwise."""
+    text = str(error)
+    if WORKER_SLOW_TO_START in text:
+        return (
+            "one of Spark's new Python workers did not connect back within Spark's fixed "
+            "10 s (a busy machine)"
+        )
+    if WORKER_EXITED in text:
+        return "one of Spark's Python workers exited unexpectedly (killed, or out of memory)"
+    return None
 
 
 @dataclass(frozen=True)
