@@ -395,19 +395,22 @@ def _run_realtime(
     while True:
         start = QueryStart(generation.number, _reached(generation))
         said = f"realtime: starting at offsets {start.offsets}, micro-batches every {interval:g} s"
-        if armed is not None and armed.isActive:
-            log(f"{said} (the query armed before the switch)")
-            write_start(checkpoint_dir, start)
-            query = armed
-        else:
-            log(said)
-            shutil.rmtree(checkpoint_dir, ignore_errors=True)
-            write_start(checkpoint_dir, start)
-            query = _start_query(
-                new_stream_reader(spark), config, schema, commit, interval, checkpoint_dir, log
-            )
-        armed, started_on = None, spark
+        query: StreamingQuery | None = None
+        # The query starts in the try: a server that started again under a query's start
+        # (or under an armed query) is gone on from as under a running query.
+        started_on, armed_query, armed = spark, armed, None
         try:
+            if armed_query is not None and armed_query.isActive:
+                log(f"{said} (the query armed before the switch)")
+                write_start(checkpoint_dir, start)
+                query = armed_query
+            else:
+                log(said)
+                shutil.rmtree(checkpoint_dir, ignore_errors=True)
+                write_start(checkpoint_dir, start)
+                query = _start_query(
+                    new_stream_reader(spark), config, schema, commit, interval, checkpoint_dir, log
+                )
             next_report = time.monotonic()
             while not should_stop():
                 if _ended(query):
@@ -441,7 +444,8 @@ def _run_realtime(
             status.batches_before_restart = status.batches
             continue
         finally:
-            _stop(query, started_on)
+            if query is not None:
+                _stop(query, started_on)
         # A query that failed once its generation was replaced ends the run as the
         # replacement does: what failed is the new generation's runs' to do.
         if error is None or _replaced(generation, status_sink, log):
