@@ -601,16 +601,15 @@ def _worker_slow_to_start(error: BaseException) -> bool:
     return WORKER_SLOW_TO_START in str(error)
 
 
-def _python_worker_lost(error: BaseException | str) -> str | None:
+def _python_worker_lost(error: BaseException) -> str | None:
     """Why the query stopped, when one of Spark's Python workers stopped it (a new one
     slow to start, or one that died): for the log; None otherwise."""
-    text = str(error)
-    if WORKER_SLOW_TO_START in text:
+    if _worker_slow_to_start(error):
         return (
             "one of Spark's new Python workers did not connect back within Spark's fixed "
             "10 s (a busy machine)"
         )
-    if WORKER_EXITED in text:
+    if WORKER_EXITED in str(error):
         return "one of Spark's Python workers exited unexpectedly (killed, or out of memory)"
     return None
 
