@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import shutil
 import signal
@@ -238,6 +239,11 @@ def _wait_until_up(server: DevServer, process: subprocess.Popen[bytes], timeout:
         try:
             with urllib.request.urlopen(f"{server.url}/server_info", timeout=2):
                 return
+        except http.client.HTTPException as error:
+            raise RuntimeError(
+                f"port {server.port} answers, but not as dagster's webserver ({error!r:.120});"
+                f" another process holds it; see {server.log}"
+            ) from None
         except OSError:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"dagster dev did not start; see {server.log}") from None

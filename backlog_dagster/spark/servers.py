@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -60,10 +61,26 @@ class SparkServer:
     process: subprocess.Popen[bytes]
 
 
+#: Where ``free_port`` looks: below Linux's default range of ports handed out for
+#: ``bind(port 0)`` and outgoing connections (32768-60999), so a port picked here and
+#: bound a few seconds later (``dagster dev``'s webserver, a server started again on its
+#: port) is not taken meanwhile by another process's ephemeral socket, such as a Spark
+#: JVM's py4j gateway.
+PICKED_PORTS = range(20000, 32768)
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A loopback port that is free now, picked at random from ``PICKED_PORTS``."""
+    pick = random.SystemRandom()
+    for _ in range(100):
+        port = pick.choice(PICKED_PORTS)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {PICKED_PORTS.start}-{PICKED_PORTS.stop - 1}")
 
 
 def start_connect_server(
