@@ -115,12 +115,14 @@ def test_on_spark_connect_a_dead_runs_query_commits_nothing_and_stops_and_the_ne
     assert_same(results, oracle, ["customer_id"])
 
 
-def test_a_backlog_goes_on_in_a_new_session_when_its_connect_server_starts_again(
+def test_a_backlog_and_a_standby_go_on_in_new_sessions_when_their_connect_server_starts_again(
     make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     """A backlog in chunks on a Connect server of its own, SIGKILLed after the first
     chunk's commit and started again on its port: the same run goes on in a new session
-    from the sink's last commit, says so, and the results equal the oracle."""
+    from the sink's last commit, says so, and the results equal the oracle. Then a
+    standby's armed query, its server killed and started again while it waits for the
+    switch: the standby goes on in a new session too, and reads what arrived since."""
     topic = make_topic(records=2_000_000, buckets=4)
     with servers.connect_server(tmp_path / "server", master="local[2]") as first:
         config = pipeline(
@@ -139,24 +141,63 @@ def test_a_backlog_goes_on_in_a_new_session_when_its_connect_server_starts_again
                 break
         at_kill = sum(reached(config).values())
         assert 0 < at_kill < 2_000_000, "".join(said)
-        servers.stop(first, signal.SIGKILL)
+        again = restart(first)
         killed_at = time.monotonic()
-        time.sleep(3)
-        again = servers.start_connect_server(first.port, tmp_path / "server", master="local[2]")
         try:
             output, _ = backlog.communicate(timeout=600)
+            print(f"\nbacklog finished {time.monotonic() - killed_at:.1f} s after the kill")
+            output = "".join(said) + output
+            assert backlog.returncode == 0, output
+            assert "backlog: the Spark Connect server started again under this run" in output
+            assert sum(reached(config).values()) == 2_000_000
+
+            go = tmp_path / "switch"
+            standby = start_standby(defs, go, total=2_100_000, data=tmp_path)
+            try:
+                assert standby.stdout is not None
+                said = []
+                for line in standby.stdout:
+                    said.append(line)
+                    if line.strip() == "armed":
+                        break
+                assert said[-1:] == ["armed\n"], "".join(said)
+                again = restart(again)
+                append_orders(topic, 100_000)
+                go.touch()
+                output, _ = standby.communicate(timeout=600)
+                output = "".join(said) + output
+            finally:
+                if standby.poll() is None:
+                    kill_all(standby)
         finally:
             servers.stop(again)
-    print(f"\nbacklog finished {time.monotonic() - killed_at:.1f} s after the server's kill")
-    output = "".join(said) + output
-    print(*[line for line in output.splitlines() if "started again" in line], sep="\n")
-    assert backlog.returncode == 0, output
-    assert "backlog: the Spark Connect server started again under this run" in output, output
-    assert sum(reached(config).values()) == 2_000_000
+    assert standby.returncode == 0, output
+    assert "realtime: the Spark Connect server started again under this run" in output, output
+    assert sum(reached(config).values()) == 2_100_000
     with open_sink(config) as sink:
         results = sink.read_results().to_pandas()
     oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
     assert_same(results, oracle, ["customer_id"])
+
+
+def restart(server: servers.SparkServer) -> servers.SparkServer:
+    """SIGKILL a Connect server and start it again on its port and folder 3 s later."""
+    servers.stop(server, signal.SIGKILL)
+    time.sleep(3)
+    return servers.start_connect_server(server.port, server.log.parent, master="local[2]")
+
+
+def start_standby(defs: Path, go: Path, total: int, data: Path) -> subprocess.Popen[str]:
+    """``tests/standby_worker.py`` in its own process group (see there)."""
+    worker = str(Path(__file__).with_name("standby_worker.py"))
+    return subprocess.Popen(
+        [sys.executable, worker, str(defs), str(go), str(total)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "BACKLOG_DAGSTER_DATA": str(data)},
+    )
 
 
 def test_a_warm_up_leaves_the_process_that_asked_for_it_free_to_start_a_local_spark(

@@ -385,21 +385,26 @@ def _run_realtime(
             f"pipeline {config.name}: the backlog has not reached the markers yet "
             f"(records left per bucket: {left}); run the backlog first"
         )
-    _apply_settings(spark, config, shuffle_partitions, log)
     interval = checkpoint_interval or config.realtime.checkpoint_interval
     status = RealtimeStatus()
     counts = _Counts.now(status_sink)
     #: Queries of this run stopped by a Python worker slow to start once they ran, or
     #: one that died (``_python_worker_lost``).
     worker_stops = 0
+    #: The session the streaming settings were last set on.
+    settled: SparkSession | None = None
     while True:
         start = QueryStart(generation.number, _reached(generation))
         said = f"realtime: starting at offsets {start.offsets}, micro-batches every {interval:g} s"
         query: StreamingQuery | None = None
-        # The query starts in the try: a server that started again under a query's start
-        # (or under an armed query) is gone on from as under a running query.
+        # The settings and the query's start are in the try: a server that started again
+        # before the query ran (under a standby waiting for its switch, an armed query or
+        # a query's start) is gone on from as under a running query.
         started_on, armed_query, armed = spark, armed, None
         try:
+            if settled is not spark:
+                _apply_settings(spark, config, shuffle_partitions, log)
+                settled = spark
             if armed_query is not None and armed_query.isActive:
                 log(f"{said} (the query armed before the switch)")
                 write_start(checkpoint_dir, start)
@@ -435,7 +440,6 @@ def _run_realtime(
             if reopened is None:
                 raise
             spark = reopened
-            _apply_settings(spark, config, shuffle_partitions, log)
             held = status_sink.current_generation()
             if held is None or _replaced(generation, status_sink, log):
                 return status
