@@ -141,8 +141,8 @@ def test_a_backlog_and_a_standby_go_on_in_new_sessions_when_their_connect_server
                 break
         at_kill = sum(reached(config).values())
         assert 0 < at_kill < 2_000_000, "".join(said)
-        again = restart(first)
         killed_at = time.monotonic()
+        again = restart(first)
         try:
             output, _ = backlog.communicate(timeout=600)
             print(f"\nbacklog finished {time.monotonic() - killed_at:.1f} s after the kill")
