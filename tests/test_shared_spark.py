@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -228,6 +229,18 @@ def test_a_connect_server_s_python_processes_import_the_installed_pyspark(
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == str(home.installed_home() / "__init__.py")
+
+
+def test_a_picked_port_is_free_and_not_one_the_kernel_hands_out_for_bind_0() -> None:
+    """A server started on a picked port some seconds later (``dagster dev``, a Connect
+    server started again) must not find it taken by another process's ephemeral socket:
+    CI once saw a Spark JVM's py4j gateway answer on dagster's port."""
+    low, _ = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    for _ in range(20):
+        port = servers.free_port()
+        assert port < low
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", port))
 
 
 def test_a_launch_setting_for_a_connect_server_is_refused_by_name() -> None:
