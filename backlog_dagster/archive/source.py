@@ -317,7 +317,8 @@ class ArchiveThenLog:
 
         self.log.check_reachable(spark)
         root = str(self.root)
-        seen = F.udf(lambda path: Path(path).is_dir(), "boolean")
+        # useArrow said, not inferred: Spark Connect warns on each call it cannot infer.
+        seen = F.udf(lambda path: Path(path).is_dir(), "boolean", useArrow=False)
         row = spark.range(1).select(seen(F.lit(root)).alias("seen")).first()
         if row is None or not row["seen"]:
             raise SourceError(

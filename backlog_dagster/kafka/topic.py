@@ -389,7 +389,9 @@ class KafkaTopic:
                 return f"{type(error).__name__}: {error}"
             return None
 
-        row = spark.range(1).select(F.udf(reach, "string")(F.col("id")).alias("seen")).first()
+        # useArrow said, not inferred: Spark Connect warns on each call it cannot infer.
+        seen = F.udf(reach, "string", useArrow=False)
+        row = spark.range(1).select(seen(F.col("id")).alias("seen")).first()
         if row is not None and row["seen"] is not None:
             raise SourceError(
                 f"kafka topic {self.name}: Spark's executors cannot reach it at "

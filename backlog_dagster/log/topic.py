@@ -209,7 +209,8 @@ class Topic:
         from pyspark.sql import functions as F
 
         metadata = str(self.path / _METADATA_FILE)
-        seen = F.udf(_is_file, "boolean")
+        # useArrow said, not inferred: Spark Connect warns on each call it cannot infer.
+        seen = F.udf(_is_file, "boolean", useArrow=False)
         row = spark.range(1).select(seen(F.lit(metadata)).alias("seen")).first()
         if row is None or not row["seen"]:
             raise TopicError(
