@@ -64,7 +64,7 @@ def imported_pyspark(spark: SparkSession) -> str:
     """Where the Python workers of ``spark`` import PySpark from."""
     from pyspark.sql import functions as F
 
-    @F.udf("string")
+    @F.udf("string", useArrow=False)
     def pyspark_file(_: int) -> str:
         import pyspark
 
