@@ -313,14 +313,11 @@ class ArchiveThenLog:
         return spark.readStream.format(FORMAT).options(**self.spark_options())
 
     def check_reachable(self, spark: SparkSession) -> None:
-        from pyspark.sql import functions as F
+        from backlog_dagster.spark.session import on_an_executor
 
         self.log.check_reachable(spark)
         root = str(self.root)
-        # useArrow said, not inferred: Spark Connect warns on each call it cannot infer.
-        seen = F.udf(lambda path: Path(path).is_dir(), "boolean", useArrow=False)
-        row = spark.range(1).select(seen(F.lit(root)).alias("seen")).first()
-        if row is None or not row["seen"]:
+        if not on_an_executor(spark, lambda path: Path(path).is_dir(), root, "boolean"):
             raise SourceError(
                 f"archive {root}: Spark's executors do not see it at that path; it must be "
                 "on a filesystem every executor shares"

@@ -377,11 +377,11 @@ class KafkaTopic:
 
     def check_reachable(self, spark: SparkSession) -> None:
         """One one-task job: can an executor list the topic's partitions?"""
-        from pyspark.sql import functions as F
+        from backlog_dagster.spark.session import on_an_executor
 
         settings = self.settings
 
-        def reach(_: int) -> str | None:
+        def reach(_: str) -> str | None:
             try:
                 with KafkaTopic(settings) as topic:
                     topic.partitions()
@@ -389,13 +389,11 @@ class KafkaTopic:
                 return f"{type(error).__name__}: {error}"
             return None
 
-        # useArrow said, not inferred: Spark Connect warns on each call it cannot infer.
-        seen = F.udf(reach, "string", useArrow=False)
-        row = spark.range(1).select(seen(F.col("id")).alias("seen")).first()
-        if row is not None and row["seen"] is not None:
+        seen = on_an_executor(spark, reach, "", "string")
+        if seen is not None:
             raise SourceError(
                 f"kafka topic {self.name}: Spark's executors cannot reach it at "
-                f"{settings.bootstrap_servers} ({row['seen']}); the brokers must be reachable "
+                f"{settings.bootstrap_servers} ({seen}); the brokers must be reachable "
                 "from every machine that runs an executor"
             )
 

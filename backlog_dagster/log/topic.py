@@ -206,13 +206,9 @@ class Topic:
 
     def check_reachable(self, spark: SparkSession) -> None:
         """One one-task job: does an executor see the topic at the same path?"""
-        from pyspark.sql import functions as F
+        from backlog_dagster.spark.session import on_an_executor
 
-        metadata = str(self.path / _METADATA_FILE)
-        # useArrow said, not inferred: Spark Connect warns on each call it cannot infer.
-        seen = F.udf(_is_file, "boolean", useArrow=False)
-        row = spark.range(1).select(seen(F.lit(metadata)).alias("seen")).first()
-        if row is None or not row["seen"]:
+        if not on_an_executor(spark, _is_file, str(self.path / _METADATA_FILE), "boolean"):
             raise TopicError(
                 f"topic {self.path}: Spark's executors do not see it at that path; the "
                 "embedded log must be on a filesystem the executors share (the same path on "

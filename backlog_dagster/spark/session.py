@@ -202,6 +202,20 @@ def reopened_after_restart(
     return reopen()
 
 
+def on_an_executor(
+    spark: SparkSession, function: Callable[[str], object], argument: str, return_type: str
+) -> object:
+    """``function(argument)`` run in a one-task job on one of Spark's executors, for a
+    source to check what the executors see (``Source.check_reachable``); None if the job
+    gave no row. ``useArrow`` is said, not inferred: on Spark Connect a UDF without it has
+    its type hints inspected, and a plain function made Spark warn on every call."""
+    from pyspark.sql import functions as F
+
+    answer = F.udf(function, return_type, useArrow=False)
+    row = spark.range(1).select(answer(F.lit(argument)).alias("answer")).first()
+    return None if row is None else row["answer"]
+
+
 #: Per Spark Connect client session, the tasks its server runs at once.
 _slots_of_clients: weakref.WeakKeyDictionary[SparkSession, int] = weakref.WeakKeyDictionary()
 
