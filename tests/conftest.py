@@ -89,6 +89,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return DagsterDevFirst(config, log)
 
 
+#: The logs that say what runs and servers did, by file name: when a test fails, the last
+#: ``LOG_TAIL_LINES`` of each under its ``tmp_path`` go into its report (CI keeps nothing else).
+TOLD_LOGS = ("dagster-dev.log", "connect-server.log")
+LOG_TAIL_LINES = 60
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report = yield
+    tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.when == "call" and report.failed and isinstance(tmp_path, Path):
+        for name in TOLD_LOGS:
+            for log in sorted(tmp_path.rglob(name)):
+                lines = log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+                report.sections.append(
+                    (f"last lines of {log.relative_to(tmp_path)}", "\n".join(lines))
+                )
+    return report
+
+
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
     from backlog_dagster.spark.session import get_session

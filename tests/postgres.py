@@ -140,7 +140,14 @@ def wait_for_blocked_merge(dsn: str, table: str, timeout: float = 120) -> int:
             if row is not None:
                 return int(row[0])
             time.sleep(0.05)
-    raise TimeoutError(f"no commit waited on its merge into {table}")
+        seen = watcher.execute(
+            "SELECT application_name, state, wait_event_type, left(query, 80) "
+            "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    raise TimeoutError(
+        f"no commit waited on its merge into {table} in {timeout:.0f} s; the database's "
+        f"connections then (application, state, waiting on, query): {seen}"
+    )
 
 
 @contextmanager
@@ -165,6 +172,7 @@ def stopped_commits(dsn: str, pipeline: str, among: Callable[[], set[int]]) -> I
     # A realtime run restarted meanwhile (its query's start waits for a slow Python
     # worker on a busy machine) has no commit process for minutes.
     deadline = time.monotonic() + 300
+    server_port = int(psycopg.conninfo.conninfo_to_dict(dsn).get("port") or 5432)
     ports: dict[int, str] = {}
     workers: set[int] = set()
     with psycopg.connect(dsn, autocommit=True) as watcher:
@@ -181,7 +189,9 @@ def stopped_commits(dsn: str, pipeline: str, among: Callable[[], set[int]]) -> I
                     (f"backlog-dagster {pipeline}",),
                 ).fetchall()
             }
-            owner = next((pid for pid in workers if _local_ports(pid) & set(ports)), None)
+            owner = next(
+                (pid for pid in workers if _local_ports(pid, server_port) & set(ports)), None
+            )
             if owner is None:
                 time.sleep(0.5)
                 continue
@@ -189,7 +199,7 @@ def stopped_commits(dsn: str, pipeline: str, among: Callable[[], set[int]]) -> I
             idle = watcher.execute(
                 "SELECT bool_and(state = 'idle') FROM pg_stat_activity "
                 "WHERE application_name = %s AND client_port = ANY(%s)",
-                (f"backlog-dagster {pipeline}", sorted(_local_ports(owner))),
+                (f"backlog-dagster {pipeline}", sorted(_local_ports(owner, server_port))),
             ).fetchone()
             if idle is not None and idle[0]:
                 break
@@ -202,14 +212,18 @@ def stopped_commits(dsn: str, pipeline: str, among: Callable[[], set[int]]) -> I
             os.kill(owner, signal.SIGCONT)
 
 
-def _local_ports(pid: int) -> set[int]:
-    """The local ports of the process's TCP connections (none if it is gone)."""
+def _local_ports(pid: int, server_port: int) -> set[int]:
+    """The local ports of the process's TCP connections to ``server_port`` (none if it
+    is gone). Only those: Linux gives two connections to different servers the same
+    local port when it can, so another process's connection to the Connect server may
+    share a sink connection's port."""
     import psutil
 
     try:
-        return {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.laddr}
+        connections = psutil.Process(pid).net_connections("tcp")
     except psutil.Error:
         return set()
+    return {c.laddr.port for c in connections if c.raddr and c.raddr.port == server_port}
 
 
 @contextmanager

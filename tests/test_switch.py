@@ -270,6 +270,13 @@ def customer_totals_switches_with_its_own_config(
         "spark_conf": {},
     }
 
+    # The sensor notes each bucket's finish and the switch at its first tick after them;
+    # a standby switched without it, and on a loaded machine that tick can come later.
+    wait_until(
+        lambda: observations(instance, "customer_totals_realtime", "is_backlog"),
+        120,
+        "the sensor to note the switch",
+    )
     finishes = observations(instance, "customer_totals_backlog", "bucket")
     assert sorted(m["bucket"].value for m in finishes) == [0, 1, 2, 3]
     switch = observations(instance, "customer_totals_realtime", "is_backlog")
