@@ -260,7 +260,8 @@ def markdown(figures: dict[str, Any]) -> str:
     lines += [
         "",
         "Recovery time: from the kill until every pipeline the kill touched committed in "
-        "realtime again (a killed run is noticed by its heartbeat going silent for 15 s).",
+        "realtime again (Dagster reports a killed run whose code server lives; a run "
+        "whose code server died too is noticed by its heartbeat, silent for 15 s here).",
         "",
         "## Trials",
         "",
