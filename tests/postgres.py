@@ -135,7 +135,7 @@ def wait_for_blocked_merge(dsn: str, table: str, timeout: float = 120) -> int:
             row = watcher.execute(
                 "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                 "AND query LIKE %s AND datname = current_database()",
-                (f'INSERT INTO %"{table}" AS held%ON CONFLICT%',),
+                (f'MERGE INTO %"{table}" AS held%',),
             ).fetchone()
             if row is not None:
                 return int(row[0])

@@ -404,6 +404,26 @@ def test_postgres_run_lock_is_taken_again_after_its_connection_was_lost(
             assert not sink.keep_run_lock()
 
 
+def test_postgres_older_than_the_sink_needs_is_refused_by_name(
+    postgres_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server without MERGE is refused when the sink opens, saying which version it
+    runs (here: the local server, with the oldest version the sink takes raised past it)."""
+    from backlog_dagster.sink import SinkUnreachable, postgres
+
+    with psycopg.connect(postgres_dsn) as connection:
+        version = connection.info.server_version
+    monkeypatch.setattr(postgres, "OLDEST_SERVER", version + 1)
+    config = on_sink(pipeline(tmp_path, CUSTOMER_TOTALS), "postgres", postgres_dsn)
+    with pytest.raises(SinkUnreachable) as error:
+        open_sink(config)
+    running = f"{version // 10000}.{version % 10000}"
+    assert str(error.value).endswith(
+        f"runs PostgreSQL {running}; it needs 15 or later (its commits merge results with MERGE)"
+    )
+    assert str(error.value).startswith("attributes.sink.dsn: the PostgreSQL sink ")
+
+
 def test_postgres_password_is_in_no_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from backlog_dagster.sink import SinkUnreachable
 

@@ -1,13 +1,14 @@
 """The PostgreSQL sink: results and the pipeline's state in tables of one schema.
 
 A commit is one transaction: the chunk's partial results are bulk loaded (``COPY`` into
-a temporary table) and merged into the results in one ``INSERT … ON CONFLICT`` statement,
-beside the progress and offsets they cover (the results table leaves room on its pages
-for the merges' new row versions: ``RESULTS_FILLFACTOR``). Every writing transaction
-first takes the pipeline's transaction-level advisory lock, so writers of one pipeline
-(a run, the sensor, a superseded run) follow one another, and the generation fence is
-checked under it: a run whose generation was replaced commits nothing. A reader sees results and
-progress that agree at every moment (MVCC: both change in the same transaction).
+a temporary table) and merged into the results in one ``MERGE`` statement (hence
+PostgreSQL 15 or later), beside the progress and offsets they cover (the results table
+leaves room on its pages for the merges' new row versions: ``RESULTS_FILLFACTOR``).
+Every writing transaction first takes the pipeline's transaction-level advisory lock, so
+writers of one pipeline (a run, the sensor, a superseded run) follow one another, and
+the generation fence is checked under it: a run whose generation was replaced commits
+nothing. A reader sees results and progress that agree at every moment (MVCC: both
+change in the same transaction).
 
 The run lock is a session-level advisory lock held on a connection of its own: runs on
 two machines exclude each other, and a process that dies lets go of it when its
@@ -70,6 +71,9 @@ RESULTS_FILLFACTOR = 50
 #: restart), and how long opening the sink waits for the server (a mistyped connection
 #: string should be reported soon).
 RECONNECT_S, OPEN_S = 90.0, 10.0
+
+#: The oldest server the sink works with (``server_version``'s form): 15 brought MERGE.
+OLDEST_SERVER = 150000
 
 #: First keys of the two advisory locks (the second is the pipeline's): one serialises
 #: the pipeline's writing transactions, the other is the run lock.
@@ -160,6 +164,14 @@ class PostgresSink(ResultTables):
         #: The run lock's holder name and connection while ``run_lock`` holds it.
         self._lock: tuple[str, psycopg.Connection[Any]] | None = None
         self._db = self._connect(patience_s=OPEN_S)
+        version = self._db.info.server_version
+        if version < OLDEST_SERVER:
+            self._db.close()
+            raise SinkUnreachable(
+                f"attributes.sink.dsn: the PostgreSQL sink {describe} runs PostgreSQL "
+                f"{_version_name(version)}; it needs 15 or later "
+                "(its commits merge results with MERGE)"
+            )
         self._call(self._create_tables, retry=True)
 
     # -- connections --------------------------------------------------------------------
@@ -621,7 +633,14 @@ class PostgresSink(ResultTables):
         return self._call(commit_once, retry=True)
 
     def _merge(self, cursor: psycopg.Cursor[Any], results: pa.Table) -> None:
-        """COPY the partial results into a temporary table, then merge them in one statement."""
+        """COPY the partial results into a temporary table, then merge them in one statement.
+
+        MERGE rather than ``INSERT … ON CONFLICT``, which took about 40 % longer to merge
+        100,000 keys the table holds (``bench/sinks.py``, BENCHMARKS.md). Where another transaction
+        inserts one of the keys meanwhile, MERGE fails on the primary key where ON
+        CONFLICT would wait and update; none can, as the pipeline's writers follow one
+        another under its writer lock.
+        """
         if results.num_rows == 0:
             return
         layout = self.layout
@@ -651,16 +670,25 @@ class PostgresSink(ResultTables):
         updates = [_merge_sql(p.name, p.merge) for p in layout.partials]
         updates += [_merge_sql(e.name, "sketch") for e in layout.estimates]
         names = sql.SQL(", ").join(sql.Identifier(c) for c in layout.stored_columns)
+        # The staging rows are named ``excluded``, as ON CONFLICT names the proposed row:
+        # ``_merge_sql`` reads them so.
         cursor.execute(
             sql.SQL(
-                "INSERT INTO {target} AS held ({names}) SELECT {names} FROM {staging} "
-                "ON CONFLICT ({keys}) DO UPDATE SET {updates}"
+                "MERGE INTO {target} AS held USING {staging} AS excluded ON {same_keys} "
+                "WHEN MATCHED THEN UPDATE SET {updates} "
+                "WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})"
             ).format(
                 target=self._name(self.table),
-                names=names,
                 staging=staging,
-                keys=sql.SQL(", ").join(sql.Identifier(k) for k in layout.keys),
+                same_keys=sql.SQL(" AND ").join(
+                    sql.SQL("held.{0} = excluded.{0}").format(sql.Identifier(k))
+                    for k in layout.keys
+                ),
                 updates=sql.SQL(", ").join(updates),
+                names=names,
+                values=sql.SQL(", ").join(
+                    sql.SQL("excluded.{}").format(sql.Identifier(c)) for c in layout.stored_columns
+                ),
             )
         )
 
@@ -1022,3 +1050,8 @@ def _merge_sql(column: str, merge: str) -> sql.Composed:
     else:  # LEAST and GREATEST leave NULLs out
         combined = sql.SQL("LEAST({0}, {1})" if merge == "min" else "GREATEST({0}, {1})")
     return sql.SQL("{} = {}").format(sql.Identifier(column), combined.format(mine, theirs))
+
+
+def _version_name(server_version: int) -> str:
+    """``140010`` as ``14.10``."""
+    return f"{server_version // 10000}.{server_version % 10000}"
