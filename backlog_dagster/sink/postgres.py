@@ -169,7 +169,7 @@ class PostgresSink(ResultTables):
             self._db.close()
             raise SinkUnreachable(
                 f"attributes.sink.dsn: the PostgreSQL sink {describe} runs PostgreSQL "
-                f"{_version_name(version)}; it needs 15 or later "
+                f"{_version_name(version)}; it needs {OLDEST_SERVER // 10000} or later "
                 "(its commits merge results with MERGE)"
             )
         self._call(self._create_tables, retry=True)
@@ -636,10 +636,10 @@ class PostgresSink(ResultTables):
         """COPY the partial results into a temporary table, then merge them in one statement.
 
         MERGE rather than ``INSERT … ON CONFLICT``, which took about 40 % longer to merge
-        100,000 keys the table holds (``bench/sinks.py``, BENCHMARKS.md). Where another transaction
-        inserts one of the keys meanwhile, MERGE fails on the primary key where ON
-        CONFLICT would wait and update; none can, as the pipeline's writers follow one
-        another under its writer lock.
+        100,000 keys the table holds (``bench/sinks.py``, BENCHMARKS.md). Where another
+        transaction inserts one of the keys meanwhile, MERGE fails on the primary key
+        where ON CONFLICT would wait and update; none can, as the pipeline's writers
+        follow one another under its writer lock.
         """
         if results.num_rows == 0:
             return
