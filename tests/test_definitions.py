@@ -10,7 +10,10 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import yaml
+from dagster._core.run_coordinator import QueuedRunCoordinator
 
+from backlog_dagster.components import dev_server
 from tests.pipelines import assert_example_customer_totals, assert_example_region_daily
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,3 +187,27 @@ def test_dg_scaffold_defs_writes_a_pipeline_that_runs(tmp_path: Path) -> None:
             "SELECT user, records, total_amount FROM per_user_view ORDER BY user"
         ).fetchall()
     assert rows == [(f"u{k}", 10, sum(i + 0.5 for i in range(30) if i % 3 == k)) for k in range(3)]
+
+
+def test_the_projects_instance_settings_go_under_a_homes_own(tmp_path: Path) -> None:
+    """The project's ``dagster.yaml`` (a run queue that looks every second and launches on
+    threads) is a valid instance config; written into a Dagster home that already keeps
+    its storage on PostgreSQL, both hold, and the home's own sections are kept as they were.
+    """
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    dev_server.with_project_instance(ROOT, home)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        queue = instance.run_coordinator
+        assert isinstance(queue, QueuedRunCoordinator)
+        assert queue.dequeue_interval_seconds == 1 and queue.dequeue_use_threads
+    other = tmp_path / "postgres_home"
+    other.mkdir()
+    shutil.copy(ROOT / dev_server.POSTGRES_INSTANCE, other / "dagster.yaml")
+    dev_server.with_project_instance(ROOT, other)
+    settings = yaml.safe_load((other / "dagster.yaml").read_text())
+    own = yaml.safe_load((ROOT / dev_server.POSTGRES_INSTANCE).read_text())
+    assert settings == {
+        **own,
+        "run_queue": {"dequeue_interval_seconds": 1, "dequeue_use_threads": True},
+    }

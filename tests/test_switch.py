@@ -173,6 +173,8 @@ def test_the_example_under_dagster_dev_switches_recovers_goes_back_and_returns(
             instance = dg.DagsterInstance.from_config(str(home))
             assert type(instance.run_storage).__name__ == "PostgresRunStorage"
             assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
+            # The project's run queue, written beside the home's own storage settings.
+            assert getattr(instance.run_coordinator, "dequeue_use_threads", False)
             by_hand = client.submit_job_execution(
                 "customer_totals_backlog_job",
                 run_config={

@@ -25,6 +25,9 @@ from backlog_dagster.spark.servers import free_port
 #: Dagster's run, event-log and schedule storage on PostgreSQL (dagster-postgres), its
 #: server named by ``DAGSTER_POSTGRES_URL``; copy it to ``$DAGSTER_HOME/dagster.yaml``.
 POSTGRES_INSTANCE = Path("deploy") / "dagster-postgres.yaml"
+#: A project's own Dagster instance settings, in its root (where ``dagster dev`` reads
+#: them when ``DAGSTER_HOME`` is unset).
+PROJECT_INSTANCE = "dagster.yaml"
 
 
 @dataclass(frozen=True)
@@ -55,9 +58,11 @@ def start_dagster_dev(
     """Start ``dagster dev`` in a session of its own and wait until its webserver answers.
 
     Its output goes to ``home/dagster-dev.log`` (appended to, so a restart keeps the
-    earlier output).
+    earlier output). The project's instance settings go under the home's own
+    (``with_project_instance``).
     """
     home.mkdir(parents=True, exist_ok=True)
+    with_project_instance(project, home)
     port, log_path = free_port(), home / "dagster-dev.log"
     with log_path.open("a") as log:
         process = subprocess.Popen(
@@ -84,6 +89,20 @@ def start_dagster_dev(
         stop_dagster_dev(process)
         raise
     return server, process
+
+
+def with_project_instance(project: Path, home: Path) -> None:
+    """Add to ``home``'s ``dagster.yaml`` each section of the project's that it lacks:
+    ``dagster dev`` with ``DAGSTER_HOME`` set reads only the home's file (which may hold
+    a PostgreSQL storage, say, written there before)."""
+    settings = project / PROJECT_INSTANCE
+    if not settings.exists():
+        return
+    target = home / PROJECT_INSTANCE
+    own = (yaml.safe_load(target.read_text()) or {}) if target.exists() else {}
+    merged = {**yaml.safe_load(settings.read_text()), **own}
+    if merged != own:
+        target.write_text(yaml.safe_dump(merged, sort_keys=False))
 
 
 def stop_dagster_dev(process: subprocess.Popen[bytes]) -> None:
@@ -161,8 +180,9 @@ def postgres_url(conninfo: str) -> str:
 
 
 def copy_project(project: Path, target: Path, edit: Callable[[dict[str, Any]], bool]) -> None:
-    """Copy ``project`` (its definitions, workspace and pyproject) to ``target``; ``edit``
-    changes each pipeline's attributes in place, and returns False to leave it out."""
+    """Copy ``project`` (its definitions, workspace, pyproject and Dagster instance
+    settings) to ``target``; ``edit`` changes each pipeline's attributes in place, and
+    returns False to leave it out."""
     shutil.copytree(
         project / "definitions",
         target / "definitions",
@@ -170,6 +190,8 @@ def copy_project(project: Path, target: Path, edit: Callable[[dict[str, Any]], b
     )
     for name in ("workspace.yaml", "pyproject.toml"):  # dg finds the project by the latter
         shutil.copy(project / name, target / name)
+    if (project / PROJECT_INSTANCE).exists():
+        shutil.copy(project / PROJECT_INSTANCE, target / PROJECT_INSTANCE)
     for defs in (target / "definitions" / "defs").glob("*/defs.yaml"):
         document = yaml.safe_load(defs.read_text())
         if edit(document["attributes"]):
