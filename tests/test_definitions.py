@@ -11,7 +11,6 @@ from pathlib import Path
 
 import dagster as dg
 import yaml
-from dagster._core.run_coordinator import QueuedRunCoordinator
 
 from backlog_dagster.components import dev_server
 from tests.pipelines import assert_example_customer_totals, assert_example_region_daily
@@ -199,7 +198,7 @@ def test_the_projects_instance_settings_go_under_a_homes_own(tmp_path: Path) -> 
     dev_server.with_project_instance(ROOT, home)
     with dg.DagsterInstance.from_config(str(home)) as instance:
         queue = instance.run_coordinator
-        assert isinstance(queue, QueuedRunCoordinator)
+        assert isinstance(queue, dg.QueuedRunCoordinator)
         assert queue.dequeue_interval_seconds == 1 and queue.dequeue_use_threads
     other = tmp_path / "postgres_home"
     other.mkdir()
