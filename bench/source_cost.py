@@ -283,14 +283,13 @@ def markdown(results: dict[str, Any]) -> str:
 
 {results["date"][:10]}: three streaming queries on a fresh Spark Connect server, one per
 example pipeline's aggregation, each aggregating and collecting its micro-batch in
-`foreachBatch`; {results["records_per_micro_batch"]:,} records a micro-batch every
-{INTERVAL_S:g} s, records appended to an embedded log at {results["live_rate"]:,}
-records/s in every variant (the same load on the machine). The variants differ in where
-the records come from: the embedded log (a Python data source); Spark's own
-`rate-micro-batch` source passed through a Python worker (an identity `mapInArrow`);
-that source alone. Medians over each query's micro-batches after a
-{WARM_UP_S:g} s warm-up, then over {results["repeat"]} runs per variant, alternating.
-{machine_line(results["machine"])}
+`foreachBatch`; {results["records_per_micro_batch"]:,} records a micro-batch every {INTERVAL_S:g} s,
+records appended to an embedded log at {results["live_rate"]:,} records/s in every variant
+(the same load on the machine). The variants differ in where the records come from: the
+embedded log (a Python data source); Spark's own `rate-micro-batch` source passed
+through a Python worker (an identity `mapInArrow`); that source alone. Medians over
+each query's micro-batches after a {WARM_UP_S:g} s warm-up, then over {results["repeat"]} runs per
+variant, alternating. {machine_line(results["machine"])}
 
 | records from | job (ms) (per run) | job / embedded log | micro-batch (ms) | server CPU (cores) |
 | --- | ---: | ---: | ---: | ---: |
