@@ -44,11 +44,11 @@ from typing import TYPE_CHECKING, Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from report import machine_line, publish
-from run import machine
+from run import _tree_cpu_s, machine
 
 from backlog_dagster.log.topic import create_topic
 from backlog_dagster.log.workload import ORDERS_SCHEMA
-from backlog_dagster.spark.servers import SparkServer, connect_server
+from backlog_dagster.spark.servers import connect_server
 from backlog_dagster.spark.session import get_session
 
 if TYPE_CHECKING:
@@ -105,6 +105,8 @@ def main() -> None:
 
 def one_run(variant: str, folder: Path, seconds: float) -> dict[str, Any]:
     """One variant's three queries on a fresh server while records are appended."""
+    import psutil
+
     topic = create_topic(
         folder / "orders", ORDERS_SCHEMA, timestamp_column="event_time", buckets=BUCKETS
     )
@@ -120,10 +122,10 @@ def one_run(variant: str, folder: Path, seconds: float) -> dict[str, Any]:
                 _start(spark, variant, pipeline, topic.path, folder, timings) for pipeline in SHAPES
             ]
             time.sleep(WARM_UP_S)
-            tree = _process_tree(server)
-            cpu_before, began = _cpu_s(tree), time.time()
+            root = psutil.Process(server.process.pid)
+            cpu_before, began = _tree_cpu_s(root), time.time()
             time.sleep(seconds)
-            cores = (_cpu_s(tree) - cpu_before) / (time.time() - began)
+            cores = (_tree_cpu_s(root) - cpu_before) / (time.time() - began)
             ended = time.time()
             progress = {q.name: [json.loads(p.json) for p in q.recentProgress] for q in queries}
             for query in queries:
@@ -230,28 +232,6 @@ def _produce(topic: Path, seconds: float) -> subprocess.Popen[bytes]:
     command += ["--live-seconds", str(seconds)]
     with (topic.parent / "producer.log").open("wb") as output:
         return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
-
-
-def _process_tree(server: SparkServer) -> list[Any]:
-    import psutil
-
-    root = psutil.Process(server.process.pid)
-    return [root, *root.children(recursive=True)]
-
-
-def _cpu_s(processes: list[Any]) -> float:
-    """CPU seconds so far of the processes still alive (Python workers come and go: the
-    figure is a floor)."""
-    import psutil
-
-    total = 0.0
-    for process in processes:
-        try:
-            times = process.cpu_times()
-        except psutil.Error:
-            continue
-        total += times.user + times.system + times.children_user + times.children_system
-    return total
 
 
 def _unix(timestamp: str) -> float:
