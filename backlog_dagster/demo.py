@@ -36,7 +36,6 @@ from backlog_dagster.components.dev_server import (
     on_spark,
     postgres_url,
 )
-from backlog_dagster.components.pipeline import with_paths_under
 from backlog_dagster.log.topic import Topic, create_topic
 from backlog_dagster.log.workload import (
     ORDERS_SCHEMA,
@@ -46,6 +45,7 @@ from backlog_dagster.log.workload import (
 )
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.load import load_pipeline
+from backlog_dagster.pipeline.paths import with_paths_under
 from backlog_dagster.pipeline.results import WINDOW_END, WINDOW_START
 from backlog_dagster.produce import progress_bar
 from backlog_dagster.sink import open_sink

@@ -118,10 +118,10 @@ from report import machine_line, publish
 from run import EXAMPLES, MemorySampler, _example, _topic, machine
 
 from backlog_dagster.components.dev_server import copy_project, dagster_dev
-from backlog_dagster.components.pipeline import with_paths_under
 from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG, runs_of_phase
 from backlog_dagster.log import Topic
 from backlog_dagster.pipeline.load import load_pipeline
+from backlog_dagster.pipeline.paths import with_paths_under
 from backlog_dagster.sink import open_sink
 from backlog_dagster.spark.class_archive import archive_path
 from backlog_dagster.spark.sample_run import DEFAULT_WARM_UP_S

@@ -54,7 +54,6 @@ from cases import (
 from report import write_markdown, write_plot
 
 from backlog_dagster.components.dev_server import process_kind, processes_under
-from backlog_dagster.components.pipeline import with_paths_under
 from backlog_dagster.log import Topic, create_topic
 from backlog_dagster.log.workload import (
     ORDERS_SCHEMA,
@@ -63,6 +62,7 @@ from backlog_dagster.log.workload import (
 )
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.load import load_pipeline
+from backlog_dagster.pipeline.paths import with_paths_under
 from backlog_dagster.sink import open_sink
 
 if TYPE_CHECKING:

@@ -40,11 +40,11 @@ from cases import ours
 from report import machine_line, replace_section
 from run import machine
 
-from backlog_dagster.components.pipeline import with_paths_under
 from backlog_dagster.log import create_topic
 from backlog_dagster.log.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.load import load_pipeline
+from backlog_dagster.pipeline.paths import with_paths_under
 from backlog_dagster.sink import open_sink
 from backlog_dagster.sink import postgres as postgres_sink
 

@@ -52,7 +52,7 @@ from backlog_dagster.components.dev_server import (
     on_spark,
     processes_under,
 )
-from backlog_dagster.components.pipeline import DATA_ENV
+from backlog_dagster.pipeline.paths import DATA_ENV
 from backlog_dagster.spark import servers
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,9 +17,9 @@ from pathlib import Path
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
-from backlog_dagster.components.pipeline import data_root
 from backlog_dagster.log import Topic, create_topic
 from backlog_dagster.log.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
+from backlog_dagster.pipeline.paths import data_root
 from backlog_dagster.spark.resource import session_of, spark_resource
 
 #: Where the example keeps its data: ``.data/example`` in the project, unless set.

@@ -55,10 +55,10 @@ from backlog_dagster.components.dev_server import (
     start_dagster_dev,
     stop_dagster_dev,
 )
-from backlog_dagster.components.pipeline import DATA_ENV
 from backlog_dagster.components.switch import runs_of_phase
 from backlog_dagster.log import Topic, create_topic
 from backlog_dagster.log.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
+from backlog_dagster.pipeline.paths import DATA_ENV
 from backlog_dagster.spark.servers import (
     SparkServer,
     start_connect_server,

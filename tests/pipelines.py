@@ -142,8 +142,8 @@ def assert_example_region_minutes(data: Path, topic_path: Path) -> None:
 
 def example_config(name: str, data: Path, project: Path = ROOT) -> PipelineConfig:
     """The example pipeline ``name`` as ``project`` declares it, its paths under ``data``."""
-    from backlog_dagster.components.pipeline import with_paths_under
     from backlog_dagster.pipeline.load import load_pipeline
+    from backlog_dagster.pipeline.paths import with_paths_under
 
     defs = project / "definitions" / "defs" / name / "defs.yaml"
     return with_paths_under(load_pipeline(defs), data)

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from backlog_dagster.components.pipeline import DATA_ENV
+from backlog_dagster.pipeline.paths import DATA_ENV
 from backlog_dagster.spark.servers import free_port
 
 #: Dagster's run, event-log and schedule storage on PostgreSQL (dagster-postgres), its

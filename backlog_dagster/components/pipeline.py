@@ -17,12 +17,10 @@ backlog step's Spark, and the query it armed as its backlog began, once the swit
 due (``switch.continue_as_realtime``, the default).
 """
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, cast
 
@@ -31,6 +29,16 @@ from pydantic import BaseModel, Field
 
 from backlog_dagster.components.scaffold import BacklogPipelineScaffolder
 from backlog_dagster.pipeline.config import BacklogConfig, PipelineConfig
+from backlog_dagster.pipeline.paths import data_root, with_paths_under
+from backlog_dagster.pipeline.session import (
+    HandedOver,
+    hand_over,
+    new_pipeline_session,
+    pipeline_spark,
+    stop_unless_handed_over,
+    take_over,
+)
+from backlog_dagster.pipeline.user_errors import user_error_types
 from backlog_dagster.sink import BucketState, Sink, open_sink
 
 if TYPE_CHECKING:
@@ -38,9 +46,6 @@ if TYPE_CHECKING:
 
     from backlog_dagster.phases.backlog import BacklogReport
     from backlog_dagster.phases.realtime import ArmedQuery
-
-
-DATA_ENV = "BACKLOG_DAGSTER_DATA"
 
 
 class BacklogRunConfig(dg.Config):
@@ -196,115 +201,6 @@ def pipeline_definitions(config: PipelineConfig, defs_file: Path | None = None) 
     )
 
 
-def data_root(project_root: Path) -> Path:
-    """Where relative data paths point: ``$BACKLOG_DAGSTER_DATA``, else ``<project>/.data``."""
-    return Path(os.environ.get(DATA_ENV, project_root / ".data"))
-
-
-def with_paths_under(config: PipelineConfig, root: Path) -> PipelineConfig:
-    """The config with its relative paths (source, SQLite sink, reference data, realtime
-    checkpoints) made absolute under ``root``."""
-    source = config.source
-    if source.path is not None:
-        source = source.model_copy(update={"path": str(root / source.path)})
-    if source.archive is not None:
-        archive = source.archive.model_copy(update={"path": str(root / source.archive.path)})
-        source = source.model_copy(update={"archive": archive})
-    sink = config.sink
-    if sink.kind == "sqlite":
-        sink = sink.model_copy(update={"path": str(root / sink.path)})
-    transform = config.transform
-    if transform.join is not None and transform.join.path is not None:
-        join = transform.join.model_copy(update={"path": str(root / transform.join.path)})
-        transform = transform.model_copy(update={"join": join})
-    realtime = config.realtime.model_copy(
-        update={"checkpoint_location": str(root / config.realtime.checkpoint_location)}
-    )
-    return config.model_copy(
-        update={"source": source, "sink": sink, "transform": transform, "realtime": realtime}
-    )
-
-
-@contextmanager
-def pipeline_spark(
-    pipeline: PipelineConfig,
-    phase: str,
-    run_conf: Mapping[str, str] = {},
-    run_id: str = "",
-    handed: "HandedOver | None" = None,
-) -> Iterator["SparkSession"]:
-    """The run's Spark session on the pipeline's master (read from the environment when
-    it says ``{env: NAME}``), with the phase's ``spark_conf`` and then the run's; errors
-    of the block never show a master read from there. A realtime step goes on with the
-    session its run's backlog step ``handed`` over (``take_over``), if it did."""
-    from backlog_dagster.pipeline.secrets import resolve, secret_kept_out
-
-    phase_conf = pipeline.backlog.spark_conf if phase == "backlog" else pipeline.realtime.spark_conf
-    master = resolve(pipeline.spark_master, "spark_master")
-    with secret_kept_out(pipeline.spark_master, master):
-        if handed is None:
-            session = new_pipeline_session(pipeline, phase, run_conf)
-        else:
-            session = handed.spark
-            _settings_of_realtime(session, master, handed.settings, {**phase_conf, **run_conf})
-        try:
-            yield session
-        finally:
-            # A Spark Connect server outlives the run: let go of the run's session there
-            # (its cached data, any query left) now rather than at the session timeout,
-            # unless the run's realtime step goes on with it.
-            if master.startswith("sc://") and run_id not in _handed_over:
-                session.stop()
-
-
-def _stop_unless_handed_over(spark: "SparkSession", run_id: str) -> None:
-    handed = _handed_over.get(run_id)
-    if handed is None or handed.spark is not spark:
-        spark.stop()
-
-
-def new_pipeline_session(
-    pipeline: PipelineConfig, phase: str, run_conf: Mapping[str, str] = {}
-) -> "SparkSession":
-    """A session on the pipeline's master with the phase's ``spark_conf`` and then the
-    run's: ``pipeline_spark``'s, and the one a realtime run goes on in when its Spark
-    Connect server started again under it."""
-    from backlog_dagster.pipeline.secrets import resolve, secret_kept_out
-    from backlog_dagster.spark.session import get_session
-
-    phase_conf = pipeline.backlog.spark_conf if phase == "backlog" else pipeline.realtime.spark_conf
-    master = resolve(pipeline.spark_master, "spark_master")
-    with secret_kept_out(pipeline.spark_master, master):
-        return get_session(master, f"{phase}-{pipeline.name}", {**phase_conf, **run_conf})
-
-
-@dataclass(frozen=True)
-class HandedOver:
-    """What a backlog step leaves its run's realtime step (``switch.continue_as_realtime``)."""
-
-    spark: "SparkSession"
-    #: The settings the backlog phase put on the session.
-    settings: Mapping[str, str]
-    #: The realtime query armed while the backlog ran (``arm_beside``), on ``spark``, and
-    #: what stops it; None when it was not armed.
-    armed: "ArmedQuery | None" = None
-    stop_armed: ExitStack = field(default_factory=ExitStack)
-
-
-#: What backlog steps handed to their run's realtime step, by run id: the steps run one
-#: after the other in the run's process.
-_handed_over: dict[str, HandedOver] = {}
-
-
-def hand_over(run_id: str, handed: HandedOver) -> None:
-    _handed_over[run_id] = handed
-
-
-def take_over(run_id: str) -> HandedOver | None:
-    """What the run's backlog step handed over, if it did (once)."""
-    return _handed_over.pop(run_id, None)
-
-
 def realtime_checkpoint(pipeline: PipelineConfig, run_id: str) -> Path:
     """The folder of the run's realtime query (removed when its realtime step ends)."""
     return Path(pipeline.realtime.checkpoint_location) / pipeline.name / run_id
@@ -316,46 +212,6 @@ def with_run_settings(pipeline: PipelineConfig, run: RealtimeRunConfig) -> Pipel
     spark_conf = {**pipeline.realtime.spark_conf, **run.spark_conf}
     realtime = pipeline.realtime.model_copy(update={"spark_conf": spark_conf})
     return pipeline.model_copy(update={"realtime": realtime})
-
-
-def _settings_of_realtime(
-    spark: "SparkSession", master: str, backlog_settings: Mapping[str, str], conf: Mapping[str, str]
-) -> None:
-    """Give the backlog's session the SQL settings a realtime run's own session starts
-    with: what the backlog set goes back to the project's default or away, then the
-    realtime phase's own (its launch settings are the backlog's: ``PipelineConfig``)."""
-    from backlog_dagster.spark.session import apply_sql_settings, sql_settings_after
-
-    apply_sql_settings(spark, sql_settings_after(master, backlog_settings, conf))
-
-
-def user_error_types() -> tuple[type[Exception], ...]:
-    """Mistakes the user can fix (config against the source, bad record, truncated log,
-    missing topic, unreachable sink, unset setting, state of another definition, a run
-    already going): reported as a message naming the file, not a stack trace."""
-    from backlog_dagster.phases.bad_records import BadRecord
-    from backlog_dagster.phases.lock import PhaseAlreadyRunning
-    from backlog_dagster.phases.markers import DefinitionChanged
-    from backlog_dagster.phases.reference import ReferenceError
-    from backlog_dagster.phases.transform import TransformError
-    from backlog_dagster.phases.truncation import LogTruncated
-    from backlog_dagster.pipeline.secrets import SettingUnset
-    from backlog_dagster.sink import SinkUnreachable
-    from backlog_dagster.source import SourceError
-    from backlog_dagster.spark.session import SparkSettingRefused
-
-    return (
-        BadRecord,
-        DefinitionChanged,
-        LogTruncated,
-        PhaseAlreadyRunning,
-        ReferenceError,
-        SettingUnset,
-        SinkUnreachable,
-        SourceError,
-        SparkSettingRefused,
-        TransformError,
-    )
 
 
 @contextmanager
@@ -422,7 +278,7 @@ def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg
                 nonlocal spark, armed
                 spark = new_pipeline_session(pipeline, "backlog", config.spark_conf)
                 # Stopped as the step ends, unless the realtime step goes on with it.
-                reopened.callback(_stop_unless_handed_over, spark, run_id)
+                reopened.callback(stop_unless_handed_over, spark, run_id)
                 if goes_on:
                     armed = _arm_realtime(context, pipeline, spark, settings, armed_query)
                 return spark

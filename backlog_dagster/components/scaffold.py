@@ -30,7 +30,7 @@ class BacklogPipelineScaffolder(dg.Scaffolder[ScaffoldParams]):
         return ScaffoldParams
 
     def scaffold(self, request: dg.ScaffoldRequest[ScaffoldParams]) -> None:
-        from backlog_dagster.components.pipeline import data_root
+        from backlog_dagster.pipeline.paths import data_root
 
         name = re.sub(r"\W", "_", request.target_path.name)
         root = data_root(request.project_root or Path.cwd())

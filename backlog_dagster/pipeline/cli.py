@@ -11,15 +11,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from backlog_dagster.components.pipeline import (
-    data_root,
-    new_pipeline_session,
-    pipeline_spark,
-    user_error_types,
-    with_paths_under,
-)
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.load import PipelineFileError, load_pipeline, project_root_of
+from backlog_dagster.pipeline.paths import data_root, with_paths_under
+from backlog_dagster.pipeline.session import new_pipeline_session, pipeline_spark
+from backlog_dagster.pipeline.user_errors import user_error_types
 from backlog_dagster.sink import open_sink
 from backlog_dagster.source import open_source
 from backlog_dagster.spark.session import stopping_reopened
