@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.source.base import (
     JSON_VALUE_COLUMN,
     Arrivals,
@@ -24,6 +23,7 @@ if TYPE_CHECKING:
     from pyspark.sql.datasource import DataSource
 
     from backlog_dagster.kafka import KafkaSettings
+    from backlog_dagster.pipeline.config import PipelineConfig
 
 
 def open_source(config: PipelineConfig) -> Source:
