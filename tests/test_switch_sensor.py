@@ -341,3 +341,40 @@ def test_a_backlog_run_that_went_on_as_realtime_is_the_realtime_run(
         assert f"the realtime run {run.run_id} was cancelled by a user" in (
             paused.skip_reason.skip_message
         )
+
+
+def test_a_buckets_finish_is_reported_once_when_the_daemon_died_before_saving_the_cursor(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """Dagster stores a tick's observations before its cursor: a daemon killed between
+    the two ticks again from the older cursor, and reports no finish a second time."""
+    make_topic(records=1_000, buckets=2)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    defs = pipeline_definitions(config)
+    sensor = defs.resolve_sensor_def("customer_totals_switch")
+
+    def finishes(result: dg.SensorResult) -> list[Any]:
+        return [
+            event.metadata["bucket"].value
+            for event in result.asset_events
+            if isinstance(event, dg.AssetObservation)
+            and event.metadata.get("event") == dg.TextMetadataValue("BacklogFinishEvent")
+        ]
+
+    with dg.instance_for_test() as instance:
+        first = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
+        with open_sink(config) as sink:
+            generation = sink.current_generation()
+            assert generation is not None
+            bucket, state = min(generation.buckets.items())
+            sink.skip(generation.number, {bucket: (state.reached, state.marker)})
+        context = dg.build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs)
+        finished = sensor(context)
+        assert finishes(finished) == [bucket]
+        for event in finished.asset_events:  # stored, as the daemon does first
+            instance.report_runless_asset_event(event)
+        # ... and killed before it stored the cursor: the next tick has the older one.
+        context = dg.build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs)
+        again = sensor(context)
+        assert finishes(again) == []
+        assert json.loads(again.cursor)["finished"] == [bucket]

@@ -172,7 +172,7 @@ def switch_sensor(
             standby_due = False
             if generation is not None:
                 cursor = _for_generation(cursor, generation.number)
-                events += _finish_events(generation, cursor, asset_of["backlog"])
+                events += _finish_events(generation, cursor, asset_of["backlog"], context.instance)
                 paused = _cancelled_by_user(context, last["realtime"])
                 generation, lag = _decide(
                     context, config, sink, generation, cursor, now, paused, last
@@ -318,13 +318,36 @@ def _for_generation(cursor: dict[str, Any], number: int) -> dict[str, Any]:
     }
 
 
+#: How many of the backlog asset's newest observations a tick looks through for finishes
+#: already reported (see ``_finish_events``): the progress observations a backlog run
+#: makes while the daemon is down come between.
+REPORTED_LOOKBACK = 500
+
+
 def _finish_events(
-    generation: Generation, cursor: dict[str, Any], key: dg.AssetKey
+    generation: Generation,
+    cursor: dict[str, Any],
+    key: dg.AssetKey,
+    instance: dg.DagsterInstance,
 ) -> list[dg.AssetObservation]:
+    """An observation of each bucket's finish, once per generation.
+
+    The cursor says which were reported; but Dagster stores a tick's observations before
+    its cursor, so a daemon killed between the two leaves a cursor that does not know
+    them: a finish the cursor lacks is looked for among the asset's newest observations
+    before it is reported."""
+    new = [
+        bucket
+        for bucket in generation.buckets.values()
+        if bucket.finished and bucket.bucket not in cursor["finished"]
+    ]
+    if not new:
+        return []
+    reported = _reported_finishes(instance, key, generation.number)
     events = []
-    for bucket in generation.buckets.values():
-        if bucket.finished and bucket.bucket not in cursor["finished"]:
-            cursor["finished"].append(bucket.bucket)
+    for bucket in new:
+        cursor["finished"].append(bucket.bucket)
+        if bucket.bucket not in reported:
             events.append(
                 dg.AssetObservation(
                     asset_key=key,
@@ -340,6 +363,22 @@ def _finish_events(
                 )
             )
     return events
+
+
+def _reported_finishes(instance: dg.DagsterInstance, key: dg.AssetKey, number: int) -> set[int]:
+    """The buckets whose finish in generation ``number`` the asset's newest observations
+    report."""
+    found = set()
+    for record in instance.fetch_observations(key, limit=REPORTED_LOOKBACK).records:
+        observation = record.asset_observation
+        if observation is None:
+            continue
+        said = {name: value.value for name, value in observation.metadata.items()}
+        bucket = said.get("bucket")
+        finish = said.get("event") == "BacklogFinishEvent" and said.get("generation") == number
+        if finish and isinstance(bucket, int):
+            found.add(bucket)
+    return found
 
 
 def _decide(
