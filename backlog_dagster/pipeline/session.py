@@ -53,6 +53,8 @@ def pipeline_spark(
 
 
 def stop_unless_handed_over(spark: SparkSession, run_id: str) -> None:
+    """Stop a session the run opened again mid-step, unless it went to the run's realtime
+    step."""
     handed = _handed_over.get(run_id)
     if handed is None or handed.spark is not spark:
         spark.stop()
