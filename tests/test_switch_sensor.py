@@ -343,38 +343,47 @@ def test_a_backlog_run_that_went_on_as_realtime_is_the_realtime_run(
         )
 
 
-def test_a_buckets_finish_is_reported_once_when_the_daemon_died_before_saving_the_cursor(
+def test_finishes_and_phase_changes_are_reported_once_when_the_daemon_dies_mid_tick(
     make_topic: MakeTopic, tmp_path: Path
 ) -> None:
     """Dagster stores a tick's observations before its cursor: a daemon killed between
-    the two ticks again from the older cursor, and reports no finish a second time."""
+    the two ticks again from the older cursor, and reports no phase change or bucket
+    finish a second time."""
     make_topic(records=1_000, buckets=2)
     config = pipeline(tmp_path, CUSTOMER_TOTALS)
     defs = pipeline_definitions(config)
     sensor = defs.resolve_sensor_def("customer_totals_switch")
 
-    def finishes(result: dg.SensorResult) -> list[Any]:
+    def reported(result: dg.SensorResult, event: str) -> list[Any]:
         return [
-            event.metadata["bucket"].value
-            for event in result.asset_events
-            if isinstance(event, dg.AssetObservation)
-            and event.metadata.get("event") == dg.TextMetadataValue("BacklogFinishEvent")
+            (e.asset_key.to_user_string(), e.description)
+            for e in result.asset_events
+            if isinstance(e, dg.AssetObservation)
+            and e.metadata.get("event") == dg.TextMetadataValue(event)
         ]
 
+    def tick_stored_but_not_its_cursor(cursor: str | None) -> dg.SensorResult:
+        context = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs)
+        result = sensor(context)
+        for event in result.asset_events:  # stored, as the daemon does first
+            instance.report_runless_asset_event(event)
+        return result
+
     with dg.instance_for_test() as instance:
-        first = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
+        first = tick_stored_but_not_its_cursor(None)
+        assert reported(first, "RecordAttributes")  # the first start, in backlog
+        again = tick_stored_but_not_its_cursor(None)
+        assert reported(again, "RecordAttributes") == []
+
         with open_sink(config) as sink:
             generation = sink.current_generation()
             assert generation is not None
             bucket, state = min(generation.buckets.items())
             sink.skip(generation.number, {bucket: (state.reached, state.marker)})
-        context = dg.build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs)
-        finished = sensor(context)
-        assert finishes(finished) == [bucket]
-        for event in finished.asset_events:  # stored, as the daemon does first
-            instance.report_runless_asset_event(event)
-        # ... and killed before it stored the cursor: the next tick has the older one.
-        context = dg.build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs)
-        again = sensor(context)
-        assert finishes(again) == []
+        finished = tick_stored_but_not_its_cursor(first.cursor)
+        assert [d for _, d in reported(finished, "BacklogFinishEvent")] == [
+            f"bucket {bucket} reached its marker {state.marker:,} (generation 1)"
+        ]
+        again = tick_stored_but_not_its_cursor(first.cursor)
+        assert reported(again, "BacklogFinishEvent") == []
         assert json.loads(again.cursor)["finished"] == [bucket]

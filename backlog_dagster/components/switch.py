@@ -172,14 +172,16 @@ def switch_sensor(
             standby_due = False
             if generation is not None:
                 cursor = _for_generation(cursor, generation.number)
-                events += _finish_events(generation, cursor, asset_of["backlog"], context.instance)
+                once: list[dg.AssetObservation | dg.AssetCheckEvaluation] = []
+                once += _finish_events(generation, cursor, asset_of["backlog"])
                 paused = _cancelled_by_user(context, last["realtime"])
                 generation, lag = _decide(
                     context, config, sink, generation, cursor, now, paused, last
                 )
                 cursor = _for_generation(cursor, generation.number)
                 history = sink.phase_history()
-                events += _phase_events(history, cursor, asset_of, config, now)
+                once += _phase_events(history, cursor, asset_of, config, now)
+                events += _not_stored_yet(context.instance, once)
                 where, reports = _where(
                     config, sink, generation, lag, history, cursor, now, asset_of
                 )
@@ -318,36 +320,19 @@ def _for_generation(cursor: dict[str, Any], number: int) -> dict[str, Any]:
     }
 
 
-#: How many of the backlog asset's newest observations a tick looks through for finishes
-#: already reported (see ``_finish_events``): the progress observations a backlog run
-#: makes while the daemon is down come between.
-REPORTED_LOOKBACK = 500
+#: How many of an asset's newest observations a tick looks through for the ones it is
+#: about to report (``_not_stored_yet``): a backlog run's progress reports, made while
+#: the daemon was down, come between.
+STORED_LOOKBACK = 500
 
 
 def _finish_events(
-    generation: Generation,
-    cursor: dict[str, Any],
-    key: dg.AssetKey,
-    instance: dg.DagsterInstance,
+    generation: Generation, cursor: dict[str, Any], key: dg.AssetKey
 ) -> list[dg.AssetObservation]:
-    """An observation of each bucket's finish, once per generation.
-
-    The cursor says which were reported; but Dagster stores a tick's observations before
-    its cursor, so a daemon killed between the two leaves a cursor that does not know
-    them: a finish the cursor lacks is looked for among the asset's newest observations
-    before it is reported."""
-    new = [
-        bucket
-        for bucket in generation.buckets.values()
-        if bucket.finished and bucket.bucket not in cursor["finished"]
-    ]
-    if not new:
-        return []
-    reported = _reported_finishes(instance, key, generation.number)
     events = []
-    for bucket in new:
-        cursor["finished"].append(bucket.bucket)
-        if bucket.bucket not in reported:
+    for bucket in generation.buckets.values():
+        if bucket.finished and bucket.bucket not in cursor["finished"]:
+            cursor["finished"].append(bucket.bucket)
             events.append(
                 dg.AssetObservation(
                     asset_key=key,
@@ -365,20 +350,30 @@ def _finish_events(
     return events
 
 
-def _reported_finishes(instance: dg.DagsterInstance, key: dg.AssetKey, number: int) -> set[int]:
-    """The buckets whose finish in generation ``number`` the asset's newest observations
-    report."""
-    found = set()
-    for record in instance.fetch_observations(key, limit=REPORTED_LOOKBACK).records:
-        observation = record.asset_observation
-        if observation is None:
-            continue
-        said = {name: value.value for name, value in observation.metadata.items()}
-        bucket = said.get("bucket")
-        finish = said.get("event") == "BacklogFinishEvent" and said.get("generation") == number
-        if finish and isinstance(bucket, int):
-            found.add(bucket)
-    return found
+def _not_stored_yet(
+    instance: dg.DagsterInstance, events: list[dg.AssetObservation | dg.AssetCheckEvaluation]
+) -> list[dg.AssetObservation | dg.AssetCheckEvaluation]:
+    """``events`` (each reported once: a bucket's finish, a phase change) without the
+    observations the instance already holds.
+
+    The cursor says what was reported; but Dagster stores a tick's observations before
+    its cursor, so a daemon killed between the two ticks again from the older cursor.
+    An observation says what it reports in its description (the bucket and generation,
+    the phase and its moment), so one already among its asset's newest is left out. The
+    instance is asked only on a tick that has such events."""
+    keys = {event.asset_key for event in events if isinstance(event, dg.AssetObservation)}
+    stored = {
+        (key, record.asset_observation.description)
+        for key in keys
+        for record in instance.fetch_observations(key, limit=STORED_LOOKBACK).records
+        if record.asset_observation is not None
+    }
+    return [
+        event
+        for event in events
+        if not isinstance(event, dg.AssetObservation)
+        or (event.asset_key, event.description) not in stored
+    ]
 
 
 def _decide(
