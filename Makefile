@@ -5,6 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARCHIVE := $(VENV)/.class-archive
+READER := $(VENV)/.log-reader
 # Independent steps run side by side: the linters beside the class-data archive (each
 # about a core for most of a minute), the browser's install beside the packages'.
 MAKEFLAGS += --jobs=2
@@ -20,8 +21,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[dev]'
 	touch $(STAMP)
 
+# The log's reader inside Spark's JVM (backlog_dagster/log/jvm_reader.py): Debian's SQLite
+# JDBC driver, then javac against PySpark's jars (a few seconds).
+$(READER): $(STAMP) backlog_dagster/log/jvm/LogRangeSource.java
+	@test -f /usr/share/java/sqlite-jdbc.jar || \
+	  (DEBIAN_FRONTEND=noninteractive apt-get install -y -q libxerial-sqlite-jdbc-java || \
+	   (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libxerial-sqlite-jdbc-java))
+	$(BIN)/backlog-dagster spark log-reader
+	touch $(READER)
+
 # The class-data archive local Spark drivers start from (about a third less CPU a start).
-$(ARCHIVE): $(STAMP)
+$(ARCHIVE): $(READER)
 	$(BIN)/backlog-dagster spark class-archive
 	touch $(ARCHIVE)
 

@@ -25,6 +25,7 @@ from backlog_dagster.source.base import Arrivals, Payload, Source, SourceError, 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamReader
+    from pyspark.sql.types import StructType
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 #: Records per batch handed over from an archive file.
@@ -266,7 +267,7 @@ class ArchiveThenLog:
     def read_batch(
         self,
         spark: SparkSession,
-        schema: str | None,
+        schema: str | StructType | None,
         start: Mapping[int, int] | None = None,
         end: Mapping[int, int] | None = None,
         tasks: int | None = None,
@@ -306,6 +307,9 @@ class ArchiveThenLog:
                 )
             )
         return frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
+
+    def reads_in_jvm(self, spark: SparkSession) -> bool:
+        return False
 
     def stream_reader(self, spark: SparkSession) -> DataStreamReader:
         from backlog_dagster.archive.spark import FORMAT

@@ -36,6 +36,7 @@ from backlog_dagster.spark.source import SourceDataSource, records_per_task
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
     from backlog_dagster.archive.source import _Held
 
@@ -48,14 +49,14 @@ MAX_FILES_PER_READ = 256
 def parquet_ranges(
     spark: SparkSession,
     archive: ArchiveThenLog,
-    schema: str | None,
+    schema: str | StructType | None,
     files: Mapping[int, list[_Held]],
     ranges: Mapping[int, tuple[int, int]],
     tasks: int | None = None,
 ) -> DataFrame:
     """Offsets ``ranges[bucket]`` from the Parquet ``files`` that hold them, in
-    ``schema`` (the DDL the generic source takes; None: the archive's columns, bucket
-    and offset), in the tasks ``read_tasks`` gives.
+    ``schema`` (DDL or a Spark schema, as the generic source takes; None: the archive's
+    columns, bucket and offset), in the tasks ``read_tasks`` gives.
 
     One scan per file, its bucket and start offset constants of the plan: measured on
     16,000,000 records, taking them from each row's file name (``_metadata.file_name``)
@@ -63,9 +64,12 @@ def parquet_ranges(
     to infer it.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_schema
+    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-    output = parse_ddl(schema) if schema else _default_output(archive.schema)
+    if not schema:
+        output = _default_output(archive.schema)
+    else:
+        output = parse_ddl(schema) if isinstance(schema, str) else to_arrow_schema(schema)
     stored = from_arrow_schema(archive.stored_schema(), prefer_timestamp_ntz=False)
     stamp = archive.timestamp_column
     timed = F.col(stamp).cast("timestamp") if stamp else F.lit(None).cast("timestamp")

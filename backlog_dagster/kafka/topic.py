@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamReader
+    from pyspark.sql.types import StructType
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 #: The name Spark knows Kafka topics' data source by (``backlog_dagster.kafka.spark``).
@@ -362,7 +363,7 @@ class KafkaTopic:
     def read_batch(
         self,
         spark: SparkSession,
-        schema: str | None,
+        schema: str | StructType | None,
         start: Mapping[int, int] | None = None,
         end: Mapping[int, int] | None = None,
         tasks: int | None = None,
@@ -371,6 +372,9 @@ class KafkaTopic:
 
         reader = spark.read.format(SPARK_FORMAT).options(**self.settings.to_options())
         return read_ranges(spark, reader, schema, start, end, tasks)
+
+    def reads_in_jvm(self, spark: SparkSession) -> bool:
+        return False
 
     def stream_reader(self, spark: SparkSession) -> DataStreamReader:
         return spark.readStream.format(SPARK_FORMAT).options(**self.settings.to_options())

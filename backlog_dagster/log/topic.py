@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from backlog_dagster.log.bucket import Arrivals, Bucket, BucketBounds, Records
-from backlog_dagster.log.schema import TIMESTAMP, SchemaError
+from backlog_dagster.log.schema import TIMESTAMP, SchemaError, to_ddl
 from backlog_dagster.source.base import JSON_VALUE_COLUMN, Payload, SourceError, StoredRecords
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamReader
+    from pyspark.sql.types import StructType
 
 _METADATA_FILE = "topic.sqlite"
 
@@ -189,15 +190,36 @@ class Topic:
     def read_batch(
         self,
         spark: SparkSession,
-        schema: str | None,
+        schema: str | StructType | None,
         start: Mapping[int, int] | None = None,
         end: Mapping[int, int] | None = None,
         tasks: int | None = None,
     ) -> DataFrame:
-        from backlog_dagster.spark.source import FORMAT, read_ranges
+        from backlog_dagster.log import jvm_reader
+        from backlog_dagster.spark.records import BUCKET_COLUMN, OFFSET_COLUMN
+        from backlog_dagster.spark.session import read_tasks
+        from backlog_dagster.spark.source import FORMAT, plan_tasks, read_ranges
 
+        ranges = start is not None and end is not None and set(start) == set(end)
+        if ranges and self.reads_in_jvm(spark):
+            assert start is not None and end is not None
+            planned = plan_tasks(
+                {str(b): o for b, o in start.items()},
+                dict(sorted((str(b), o) for b, o in end.items())),
+                tasks=read_tasks(spark, tasks),
+            )
+            own = to_ddl(self.schema) + f", {BUCKET_COLUMN} INT NOT NULL"
+            own += f", {OFFSET_COLUMN} BIGINT NOT NULL"
+            return jvm_reader.read(spark, self.path, self.timestamp_column, schema or own, planned)
         reader = spark.read.format(FORMAT).option("path", str(self.path))
         return read_ranges(spark, reader, schema, start, end, tasks)
+
+    def reads_in_jvm(self, spark: SparkSession) -> bool:
+        """Typed records, on a Spark launched with the log's JVM reader
+        (``log.jvm_reader``); JSON text is parsed by the Python data source."""
+        from backlog_dagster.log import jvm_reader
+
+        return self.payload is Payload.ARROW and jvm_reader.on(spark)
 
     def stream_reader(self, spark: SparkSession) -> DataStreamReader:
         from backlog_dagster.spark.source import FORMAT

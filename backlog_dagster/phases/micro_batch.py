@@ -301,7 +301,7 @@ def _records_of(
 ) -> tuple[DataFrame, pa.Table | None]:
     """The micro-batch's records: read here when small and every bucket's start is known
     (a bucket born since the query started begins where Spark's reader found it), then
-    also as the Arrow table Spark was handed; else Spark's scan, and None.
+    also as the Arrow table Spark was handed; else Spark's scan (``_scan``), and None.
 
     On Spark Connect, records read here would reach the server as a local relation,
     which its optimizer evaluates row by row (``ConvertToLocalRelation``; with turning
@@ -310,15 +310,37 @@ def _records_of(
     and a windowed micro-batch is also read here, for its late check as Arrow.
     """
     most = READ_HERE_MAX_RECORDS[windowed]
-    if not set(end) <= set(start) or sum(end[b] - start[b] for b in end) > most:
+    if not set(end) <= set(start):
         return batch, None
-    if is_connect(batch.sparkSession):
-        return batch, read_here(topic, schema, start, end) if windowed else None
+    small = sum(end[b] - start[b] for b in end) <= most
+    spark = batch.sparkSession
+    if is_connect(spark):
+        as_arrow = read_here(topic, schema, start, end) if windowed and small else None
+        return _scan(batch, schema, topic, start, end), as_arrow
+    if not small:
+        return _scan(batch, schema, topic, start, end), None
     table = read_here(topic, schema, start, end)
-    records = batch.sparkSession.createDataFrame(table, schema)
+    records = spark.createDataFrame(table, schema)
     if table.num_rows <= ONE_TASK_MAX_RECORDS:
         records = records.coalesce(1)
     return records, table
+
+
+def _scan(
+    batch: DataFrame,
+    schema: StructType,
+    topic: Source,
+    start: dict[int, int],
+    end: dict[int, int],
+) -> DataFrame:
+    """Spark's scan of the micro-batch: the source's batch read of the same ranges where
+    that read needs no Python worker (``Source.reads_in_jvm``: measured on a shared
+    Connect server, a Python data source's hand-over was half of a 10,000-record
+    micro-batch's job, ``bench/source_cost.py``), else the query's own scan."""
+    spark = batch.sparkSession
+    if not topic.reads_in_jvm(spark):
+        return batch
+    return topic.read_batch(spark, schema, {b: start[b] for b in end}, end)
 
 
 _schemas: dict[str, StructType] = {}

@@ -23,6 +23,7 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamReader
+    from pyspark.sql.types import StructType
 
 
 class SourceError(RuntimeError):
@@ -137,7 +138,7 @@ class Source(Protocol):
     def read_batch(
         self,
         spark: SparkSession,
-        schema: str | None,
+        schema: str | StructType | None,
         start: Mapping[int, int] | None = None,
         end: Mapping[int, int] | None = None,
         tasks: int | None = None,
@@ -147,6 +148,10 @@ class Source(Protocol):
         own columns and those two). Without ranges: every bucket, earliest to latest.
         Read in at least ``tasks`` Spark tasks, and at least as many as Spark runs at
         once (``spark.session.read_tasks``)."""
+
+    def reads_in_jvm(self, spark: SparkSession) -> bool:
+        """Whether ``read_batch`` of given ranges reads in ``spark``'s JVM, with no Python
+        worker (cheaper than the query's own scan of a micro-batch)."""
 
     def stream_reader(self, spark: SparkSession) -> DataStreamReader:
         """A Spark stream reader over the source; the caller adds ``startingOffsets``

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from backlog_dagster.log.jvm_reader import with_launch_jars
 from backlog_dagster.spark.home import launch_home
 from backlog_dagster.spark.session import LAUNCH_CONF, SESSION_CONF
 
@@ -109,6 +110,7 @@ def start_connect_server(
         "spark.pyspark.python": sys.executable,
         **conf,
     }
+    settings = with_launch_jars(settings)
     command = ["bin/spark-submit", "--class", CONNECT_CLASS, "--name", "backlog-dagster"]
     command += ["--master", master]
     for key, value in settings.items():

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from backlog_dagster.log.jvm_reader import with_launch_jars
 from backlog_dagster.spark.class_archive import DRIVER_JAVA_OPTIONS, driver_java_option
 from backlog_dagster.spark.home import spark_home
 
@@ -78,10 +79,13 @@ def spark_config(master: str, app_name: str, conf: Mapping[str, str] = {}) -> di
     A Spark Connect server (``sc://``) takes session (``spark.sql.*``) settings only; a
     launch setting for it is refused, naming it, rather than silently not applied. A
     driver this process starts maps its classes from the class-data archive when one
-    fits (``spark.class_archive``), before any Java options ``conf`` gives.
+    fits (``spark.class_archive``), before any Java options ``conf`` gives, and gets
+    the log's JVM reader when it is built (``log.jvm_reader``).
     """
     if not master.startswith("sc://"):
-        settings = {"spark.master": master, "spark.app.name": app_name, **DEFAULT_CONF, **conf}
+        settings = with_launch_jars(
+            {"spark.master": master, "spark.app.name": app_name, **DEFAULT_CONF, **conf}
+        )
         archive = driver_java_option(settings)
         if archive is not None:
             given = settings.get(DRIVER_JAVA_OPTIONS, "")

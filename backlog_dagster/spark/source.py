@@ -242,26 +242,11 @@ class _Plan:
             ) from error
 
     def partitions(self, start: Mapping[str, int], end: Mapping[str, int]) -> list[Ranges]:
-        """Tasks of ``records_per_task`` records (fewer at a bucket's end)."""
-        total = sum(max(0, stop - start.get(key, stop)) for key, stop in end.items())
-        size = records_per_task(total, self.max_records_per_partition, self.min_partitions)
         chosen = self.buckets
-        pieces = []
-        for key, stop in end.items():
-            if chosen is not None and key not in chosen:
-                continue
-            low = start.get(key, stop)
-            pieces += [(int(key), at, min(at + size, stop)) for at in range(low, stop, size)]
-        partitions: list[Ranges] = []
-        packed: list[tuple[int, int, int]] = []
-        for piece in pieces:
-            if packed and sum(e - s for _, s, e in packed) + piece[2] - piece[1] > size:
-                partitions.append(Ranges(tuple(packed)))
-                packed = []
-            packed.append(piece)
-        if packed:
-            partitions.append(Ranges(tuple(packed)))
-        return partitions
+        if chosen is not None:
+            end = {key: stop for key, stop in end.items() if key in chosen}
+        tasks = plan_tasks(start, end, self.max_records_per_partition, self.min_partitions)
+        return [Ranges(task) for task in tasks]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, Ranges)
@@ -368,6 +353,33 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _sorted({**{key: earliest[key] for key in missing}, **start})
 
 
+def plan_tasks(
+    start: Mapping[str, int],
+    end: Mapping[str, int],
+    most: int = DEFAULT_MAX_RECORDS_PER_PARTITION,
+    tasks: int = MIN_TASKS_PER_READ,
+) -> list[tuple[tuple[int, int, int], ...]]:
+    """A read's Spark tasks, each a tuple of ``(bucket, start, end)`` ranges of about
+    ``records_per_task`` records (fewer at a bucket's end); a bucket missing from
+    ``start`` reads nothing. Small ranges are packed into one task (``Ranges``)."""
+    total = sum(max(0, stop - start.get(key, stop)) for key, stop in end.items())
+    size = records_per_task(total, most, tasks)
+    pieces = []
+    for key, stop in end.items():
+        low = start.get(key, stop)
+        pieces += [(int(key), at, min(at + size, stop)) for at in range(low, stop, size)]
+    planned: list[tuple[tuple[int, int, int], ...]] = []
+    packed: list[tuple[int, int, int]] = []
+    for piece in pieces:
+        if packed and sum(e - s for _, s, e in packed) + piece[2] - piece[1] > size:
+            planned.append(tuple(packed))
+            packed = []
+        packed.append(piece)
+    if packed:
+        planned.append(tuple(packed))
+    return planned
+
+
 def records_per_task(
     total: int, most: int = DEFAULT_MAX_RECORDS_PER_PARTITION, tasks: int = MIN_TASKS_PER_READ
 ) -> int:
@@ -379,7 +391,7 @@ def records_per_task(
 def read_ranges(
     spark: SparkSession,
     reader: DataFrameReader,
-    schema: str | None,
+    schema: str | StructType | None,
     start: Mapping[int, int] | None = None,
     end: Mapping[int, int] | None = None,
     tasks: int | None = None,
