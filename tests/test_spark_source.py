@@ -374,10 +374,18 @@ def test_the_jvm_reader_reads_the_records_the_python_source_reads(
 JOB_FAILED = (PySparkException, Py4JJavaError)
 
 
-def test_the_jvm_reader_refuses_a_range_the_log_no_longer_holds(
+def test_the_jvm_reader_refuses_what_the_python_source_refuses(
     spark: SparkSession, make_topic: MakeTopic
 ) -> None:
+    """A range the log no longer holds (or not yet), a column it lacks or stores as
+    another type: the same words as the Python source's."""
     topic = make_topic(records=4000, buckets=1)
+    for declared, words in (
+        ("price DOUBLE", "column 'price' is not in topic orders"),
+        ("amount STRING", "column 'amount' is double in topic orders, declared as string"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            topic.read_batch(spark, declared, {0: 0}, {0: 10})
     topic.bucket(0).truncate_before(1500)
     latest = topic.latest_offsets()[0]
     with pytest.raises(JOB_FAILED, match=r"bucket 0: offset 10 is below the earliest offset 1500"):

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from backlog_dagster.log.topic import Topic
+
 SOURCE = Path(__file__).with_name("jvm") / "LogRangeSource.java"
 #: The data source's class: what ``spark.read.format`` names.
 FORMAT = "backlogdagster.log.LogRangeSource"
@@ -143,19 +145,26 @@ def on(spark: SparkSession) -> bool:
 
 def read(
     spark: SparkSession,
-    path: Path,
-    timestamp_column: str,
+    topic: Topic,
     schema: str | StructType,
     tasks: list[tuple[tuple[int, int, int], ...]],
 ) -> DataFrame:
     """The records of ``tasks`` (each Spark task's ``(bucket, start, end)`` ranges) of
-    the topic at ``path``, in ``schema``."""
+    ``topic``, in ``schema``: checked against the topic first, with the Python data
+    source's own words (a column it lacks, a type it stores otherwise)."""
+    from backlog_dagster.log.schema import parse_ddl
+    from backlog_dagster.source.base import Payload
+    from backlog_dagster.spark.records import RecordLayout, check_layout
+    from backlog_dagster.spark.source import arrow_schema
+
+    output = parse_ddl(schema) if isinstance(schema, str) else arrow_schema(schema)
+    check_layout(RecordLayout(output, Payload.ARROW, False), topic.schema, topic.name)
     spec = ";".join(",".join(f"{b}:{s}:{e}" for b, s, e in task) for task in tasks)
     return (
         spark.read.format(FORMAT)
         .schema(schema)
-        .option("path", str(path))
-        .option("timestampColumn", timestamp_column)
+        .option("path", str(topic.path))
+        .option("timestampColumn", topic.timestamp_column)
         .option("partitions", spec)
         .load()
     )

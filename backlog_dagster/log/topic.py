@@ -210,7 +210,7 @@ class Topic:
             )
             own = to_ddl(self.schema) + f", {BUCKET_COLUMN} INT NOT NULL"
             own += f", {OFFSET_COLUMN} BIGINT NOT NULL"
-            return jvm_reader.read(spark, self.path, self.timestamp_column, schema or own, planned)
+            return jvm_reader.read(spark, self, schema or own, planned)
         reader = spark.read.format(FORMAT).option("path", str(self.path))
         return read_ranges(spark, reader, schema, start, end, tasks)
 

@@ -186,7 +186,7 @@ class _Plan:
             raise ValueError(f"option mode must be PERMISSIVE or FAILFAST, not {mode!r}")
         with open_source(options) as topic:
             layout = RecordLayout(
-                output=_arrow_schema(schema),
+                output=arrow_schema(schema),
                 payload=topic.payload,
                 fail_on_malformed=mode == "FAILFAST",
             )
@@ -433,7 +433,7 @@ def read_here(
     """
     import pyarrow as pa
 
-    layout = RecordLayout(_arrow_schema(schema), source.payload, fail_on_malformed=False)
+    layout = RecordLayout(arrow_schema(schema), source.payload, fail_on_malformed=False)
     batches = [
         batch
         for bucket, stop in sorted(end.items())
@@ -480,7 +480,8 @@ def _lower(options: Mapping[str, str]) -> dict[str, str]:
     return {key.lower(): value for key, value in options.items()}
 
 
-def _arrow_schema(schema: StructType) -> pa.Schema:
+def arrow_schema(schema: StructType) -> pa.Schema:
+    """A Spark schema as the Arrow schema the readers yield (timestamps in UTC)."""
     return to_arrow_schema(schema, timezone="UTC")
 
 
