@@ -259,6 +259,7 @@ def test_json_payload_reports_malformed_records_instead_of_crashing(
         buckets=1,
         payload=Payload.JSON,
     )
+    assert not topic.reads_in_jvm(spark)  # JSON text is parsed by the Python data source
     values = [json.dumps({"id": i, "amount": i * 1.5, "name": f"n{i}"}) for i in range(1000)]
     values[10] = '{"id": 10, "amount": '  # truncated
     values[500] = '{"id": "five hundred"}'  # wrong type
@@ -392,14 +393,3 @@ def test_the_jvm_reader_refuses_what_the_python_source_refuses(
         topic.read_batch(spark, None, {0: 10}, {0: latest}).collect()
     with pytest.raises(JOB_FAILED, match=rf"bucket 0: offset {latest + 1} is past"):
         topic.read_batch(spark, None, {0: 1500}, {0: latest + 1}).collect()
-
-
-def test_json_topics_are_read_by_the_python_source(spark: SparkSession, tmp_path: Path) -> None:
-    topic = create_topic(
-        tmp_path / "events",
-        parse_ddl("ts TIMESTAMP"),
-        timestamp_column="ts",
-        buckets=1,
-        payload=Payload.JSON,
-    )
-    assert not topic.reads_in_jvm(spark)
