@@ -76,9 +76,9 @@ def launch_jars() -> list[str]:
 def with_launch_jars(settings: Mapping[str, str]) -> dict[str, str]:
     """``settings`` with the reader's jars added to ``spark.jars`` (the user's kept)."""
     jars = launch_jars()
-    given = [jar for jar in settings.get("spark.jars", "").split(",") if jar]
     if not jars:
         return dict(settings)
+    given = [jar for jar in settings.get("spark.jars", "").split(",") if jar]
     return {**settings, "spark.jars": ",".join([*given, *jars])}
 
 
