@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from backlog_dagster.archive.layout import Format
 from backlog_dagster.archive.source import ArchiveThenLog
-from backlog_dagster.log.schema import parse_ddl, type_name
+from backlog_dagster.log.schema import type_name
 from backlog_dagster.source.base import Source
 from backlog_dagster.spark.records import (
     APPENDED_COLUMN,
@@ -32,7 +32,7 @@ from backlog_dagster.spark.records import (
     TIMESTAMP_COLUMN,
 )
 from backlog_dagster.spark.session import read_tasks
-from backlog_dagster.spark.source import SourceDataSource, records_per_task
+from backlog_dagster.spark.source import SourceDataSource, arrow_schema, records_per_task
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -64,12 +64,9 @@ def parquet_ranges(
     to infer it.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+    from pyspark.sql.pandas.types import from_arrow_schema
 
-    if not schema:
-        output = _default_output(archive.schema)
-    else:
-        output = parse_ddl(schema) if isinstance(schema, str) else to_arrow_schema(schema)
+    output = arrow_schema(schema) if schema else _default_output(archive.schema)
     stored = from_arrow_schema(archive.stored_schema(), prefer_timestamp_ntz=False)
     stamp = archive.timestamp_column
     timed = F.col(stamp).cast("timestamp") if stamp else F.lit(None).cast("timestamp")

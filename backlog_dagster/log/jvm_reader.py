@@ -152,13 +152,12 @@ def read(
     """The records of ``tasks`` (each Spark task's ``(bucket, start, end)`` ranges) of
     ``topic``, in ``schema``: checked against the topic first, with the Python data
     source's own words (a column it lacks, a type it stores otherwise)."""
-    from backlog_dagster.log.schema import parse_ddl
     from backlog_dagster.source.base import Payload
     from backlog_dagster.spark.records import RecordLayout, check_layout
     from backlog_dagster.spark.source import arrow_schema
 
-    output = parse_ddl(schema) if isinstance(schema, str) else arrow_schema(schema)
-    check_layout(RecordLayout(output, Payload.ARROW, False), topic.schema, topic.name)
+    layout = RecordLayout(arrow_schema(schema), Payload.ARROW, False)
+    check_layout(layout, topic.schema, topic.name)
     spec = ";".join(",".join(f"{b}:{s}:{e}" for b, s, e in task) for task in tasks)
     return (
         spark.read.format(FORMAT)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from backlog_dagster.log.bucket import Arrivals, Bucket, BucketBounds, Records
-from backlog_dagster.log.schema import TIMESTAMP, SchemaError, to_ddl
+from backlog_dagster.log.schema import TIMESTAMP, SchemaError
 from backlog_dagster.source.base import JSON_VALUE_COLUMN, Payload, SourceError, StoredRecords
 
 if TYPE_CHECKING:
@@ -196,9 +196,8 @@ class Topic:
         tasks: int | None = None,
     ) -> DataFrame:
         from backlog_dagster.log import jvm_reader
-        from backlog_dagster.spark.records import BUCKET_COLUMN, OFFSET_COLUMN
         from backlog_dagster.spark.session import read_tasks
-        from backlog_dagster.spark.source import FORMAT, plan_tasks, read_ranges
+        from backlog_dagster.spark.source import FORMAT, own_schema, plan_tasks, read_ranges
 
         ranges = start is not None and end is not None and set(start) == set(end)
         if ranges and self.reads_in_jvm(spark):
@@ -208,9 +207,7 @@ class Topic:
                 dict(sorted((str(b), o) for b, o in end.items())),
                 tasks=read_tasks(spark, tasks),
             )
-            own = to_ddl(self.schema) + f", {BUCKET_COLUMN} INT NOT NULL"
-            own += f", {OFFSET_COLUMN} BIGINT NOT NULL"
-            return jvm_reader.read(spark, self, schema or own, planned)
+            return jvm_reader.read(spark, self, schema or own_schema(self.schema), planned)
         reader = spark.read.format(FORMAT).option("path", str(self.path))
         return read_ranges(spark, reader, schema, start, end, tasks)
 

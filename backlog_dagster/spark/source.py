@@ -69,7 +69,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
-from backlog_dagster.log import Topic
+from backlog_dagster.log import Topic, parse_ddl
 from backlog_dagster.log.topic import SPARK_FORMAT
 from backlog_dagster.source.base import Source
 from backlog_dagster.spark.pacing import Pacer
@@ -130,16 +130,8 @@ class SourceDataSource(DataSource):
         raise NotImplementedError
 
     def schema(self) -> StructType:
-        """With no declared schema: the source's stored columns plus bucket and offset."""
         with self.open(_lower(self.options)) as topic:
-            stored = from_arrow_schema(topic.schema, prefer_timestamp_ntz=False)
-        return StructType(
-            [
-                *stored.fields,
-                StructField(BUCKET_COLUMN, IntegerType(), False),
-                StructField(OFFSET_COLUMN, LongType(), False),
-            ]
-        )
+            return own_schema(topic.schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return BatchReader(_Plan.make(self.open, self.options, schema))
@@ -480,8 +472,23 @@ def _lower(options: Mapping[str, str]) -> dict[str, str]:
     return {key.lower(): value for key, value in options.items()}
 
 
-def arrow_schema(schema: StructType) -> pa.Schema:
-    """A Spark schema as the Arrow schema the readers yield (timestamps in UTC)."""
+def own_schema(stored: pa.Schema) -> StructType:
+    """What a read with no declared schema yields: the source's stored columns plus
+    bucket and offset."""
+    return StructType(
+        [
+            *from_arrow_schema(stored, prefer_timestamp_ntz=False).fields,
+            StructField(BUCKET_COLUMN, IntegerType(), False),
+            StructField(OFFSET_COLUMN, LongType(), False),
+        ]
+    )
+
+
+def arrow_schema(schema: str | StructType) -> pa.Schema:
+    """A declared schema (DDL or Spark's) as the Arrow schema the readers yield
+    (timestamps in UTC)."""
+    if isinstance(schema, str):
+        return parse_ddl(schema)
     return to_arrow_schema(schema, timezone="UTC")
 
 
