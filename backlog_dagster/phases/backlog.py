@@ -76,9 +76,14 @@ if TYPE_CHECKING:
 
 #: A backlog read in one chunk (``checkpoint_interval: 0``) commits only at its end, so
 #: until then its progress and ETA come from its finished read tasks: it reads in at
-#: least this many. Chunks commit every interval and read in as many tasks as Spark runs
-#: at once (``spark.source.read_ranges`` says why not more).
+#: least this many, records allowing (``one_chunk_read_tasks``). Chunks commit every
+#: interval and read in as many tasks as Spark runs at once (``spark.source.read_ranges``
+#: says why not more).
 ONE_CHUNK_READ_TASKS = 8
+#: ... each of at least this many records: each read task hands the shuffle a row per
+#: key it saw, so small tasks cost. Measured on the example's 100,000 customers, 4,000,000
+#: records on 2 cores, the job alone (medians of 9): 0.92 s in 2 or 4 tasks, 1.06 s in 8.
+ONE_CHUNK_RECORDS_PER_TASK = 1_000_000
 
 
 @dataclass
@@ -325,7 +330,7 @@ def _read_to_markers(
             f"backlog: joining {join.describe()}, {reference.table.num_rows:,} rows, "
             f"version {reference.version}"
         )
-    tasks = ONE_CHUNK_READ_TASKS if interval == 0 else None
+    tasks = one_chunk_read_tasks(left) if interval == 0 else None
     committed = _Commits(report, log, realtime=_moved_to_realtime(sink, config))
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="backlog-commit") as committer:
         while left > 0 and not committed.realtime:
@@ -394,6 +399,14 @@ def _read_to_markers(
     if committed.realtime:
         log("backlog: the switch moved the pipeline to realtime; stopping here")
     return generation
+
+
+def one_chunk_read_tasks(records: int) -> int:
+    """The read tasks a one-chunk backlog of ``records`` asks for: up to
+    ``ONE_CHUNK_READ_TASKS``, none under ``ONE_CHUNK_RECORDS_PER_TASK`` records (Spark
+    reads in at least as many as it runs at once, and big reads in more: no task is
+    over ``spark.source.DEFAULT_MAX_RECORDS_PER_PARTITION`` records)."""
+    return max(1, min(ONE_CHUNK_READ_TASKS, records // ONE_CHUNK_RECORDS_PER_TASK))
 
 
 def _chunking(interval: float, report: BacklogReport) -> str:
