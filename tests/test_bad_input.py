@@ -274,6 +274,19 @@ def test_on_bad_record_fail_stops_naming_bucket_and_offset(
             "'label' is STRING",
         ),
         (
+            {
+                "transform": {
+                    "keys": ["customer_id"],
+                    "aggregations": [
+                        {"name": "total", "function": "sum", "column": "amount"},
+                        {"name": "doubled", "function": "sum", "column": "amout * 2"},
+                    ],
+                }
+            },
+            "attributes.transform.aggregations.1.column: Spark cannot use 'amout * 2': "
+            "[UNRESOLVED_COLUMN.WITH_SUGGESTION]",
+        ),
+        (
             {"transform": {**CUSTOMER_TOTALS, "filter": "amout > 5"}},
             "attributes.transform.filter: Spark cannot use 'amout > 5': "
             "[UNRESOLVED_COLUMN.WITH_SUGGESTION]",
@@ -442,3 +455,17 @@ def test_records_retention_removed_unread_stop_the_run_or_are_skipped_and_counte
     end = topic.latest_offsets()
     oracle = customer_totals_oracle(records_up_to(topic, end, start={1: 100}))
     assert_same(results, oracle, ["customer_id"])
+
+
+def test_sql_text_reads_back_as_written(spark: SparkSession) -> None:
+    """Dead letters' reasons quote the user's expressions inside Spark SQL text."""
+    from backlog_dagster.spark import sql_text as sql
+
+    tricky = "it's a \\ back'slash\\' -- not a comment\n\"quoted\" ✓"
+    row = spark.range(1).selectExpr(
+        f"{sql.text(tricky)} AS said", f"{sql.expression('1 -- a comment')} + 1 AS two"
+    )
+    column = "odd `name` with.dot"
+    named = spark.range(1).withColumnRenamed("id", column).selectExpr(sql.name(column))
+    assert [tuple(r) for r in row.collect()] == [(tricky, 2)]
+    assert named.columns == [column]

@@ -31,6 +31,7 @@ from backlog_dagster.pipeline.results import (
 )
 from backlog_dagster.pipeline.sketches import HLL_LG_CONFIG_K, KLL_K
 from backlog_dagster.source import Payload, Source
+from backlog_dagster.spark import sql_text as sql
 from backlog_dagster.spark.records import (
     APPENDED_COLUMN,
     BUCKET_COLUMN,
@@ -185,10 +186,8 @@ def source_problems(config: PipelineConfig, topic: Source) -> list[Problem]:
             )
     for index, aggregation in enumerate(transform.aggregations):
         column = aggregation.column
-        if column is None or not _PLAIN_NAME.match(column) or column in transform.columns:
-            continue  # an expression or a derived column: Spark checks it (partial_results)
-        if column in joined:
-            continue  # its type is the reference data's: Spark checks it
+        if column is None or _spark_checks(column, config):
+            continue
         where = f"transform.aggregations.{index}.column"
         if column not in source.names:
             problems.append(
@@ -203,6 +202,16 @@ def source_problems(config: PipelineConfig, topic: Source) -> list[Problem]:
                 Problem(where, _not_numeric(aggregation.function, column, source.field(column)))
             )
     return problems
+
+
+def _spark_checks(column: str, config: PipelineConfig) -> bool:
+    """Whether an aggregation's input ``column`` is checked by Spark when the run plans
+    (``partial_results``): an expression, a derived column or one of the reference
+    data's. A column of the source (or of what the user's function returns) is checked
+    here, before any Spark work (``source_problems``)."""
+    transform = config.transform
+    joined = () if transform.join is None else transform.join.columns
+    return not _PLAIN_NAME.match(column) or column in transform.columns or column in joined
 
 
 def function_input_ddl(config: PipelineConfig, topic: Source, source: pa.Schema) -> str:
@@ -383,7 +392,8 @@ class _PlanParts:
     letter: Column
     group: list[Column]
     aggregates: list[Column]
-    #: Sliding windows: each partial merged over the panes of a window (``_by_panes``).
+    #: Sliding windows: each partial merged over the panes of a window (``_by_panes``);
+    #: empty otherwise.
     merges: list[Column]
 
 
@@ -409,27 +419,36 @@ def _plan_parts(
     key = (config.model_dump_json(), *columns, "|", *payload)
     held = _parts_by_spark.setdefault(_spark_of(records), {})
     if key not in held:
-        held[key] = _build_plan_parts(records, config, list(payload))
+        held[key] = _build_plan_parts(records, config, columns, list(payload))
     return held[key]
 
 
-def _build_plan_parts(records: DataFrame, config: PipelineConfig, payload: list[str]) -> _PlanParts:
+def _build_plan_parts(
+    records: DataFrame, config: PipelineConfig, columns: Sequence[str], payload: list[str]
+) -> _PlanParts:
     from pyspark.sql import functions as F
 
     transform = config.transform
-    parsed = parse_problem(records)
+    parsed = parse_problem(columns)
     keep = None
     if transform.filter:
         with _naming("transform.filter", transform.filter):
-            keep = F.expr(transform.filter)
-        keep = keep if parsed is None else keep | parsed.isNotNull()
+            keep = F.expr(
+                transform.filter
+                if parsed is None
+                else f"{sql.expression(transform.filter)} OR ({parsed}) IS NOT NULL"
+            )
     derived: list[tuple[str, Column]] = []
     for name, expression in transform.columns.items():
         with _naming(f"transform.columns.{name}", expression):
             derived.append((name, F.expr(expression)))
-    letter = dead_letter(records, config, parsed, payload)
+    # Before the dead letter, which holds the inputs: a bad one is named here.
+    _check_aggregation_inputs(_with_derived(records, config, derived), config)
+    letter = dead_letter(config, columns, payload)
     group: list[Column] = [F.col(k) for k in transform.keys]
-    if transform.window is not None and transform.window.sliding:
+    sliding = transform.window is not None and transform.window.sliding
+    if sliding:
+        assert transform.window is not None
         size_us = transform.window.size_us
         start = F.when(F.col(DEAD_LETTER).isNull(), F.col(SLIDE_START))
         group += [
@@ -445,8 +464,7 @@ def _build_plan_parts(records: DataFrame, config: PipelineConfig, payload: list[
         group.append(letter)
     partials = layout_of(transform).partials
     aggregates = [_partial(p) for p in partials]
-    merges = [_merge(p) for p in partials]
-    _check_aggregation_inputs(_with_derived(records, config, derived), config)
+    merges = [_merge(p) for p in partials] if sliding else []
     return _PlanParts(keep, derived, letter, group, aggregates, merges)
 
 
@@ -461,20 +479,35 @@ def _with_derived(
 
 
 def _check_aggregation_inputs(records: DataFrame, config: PipelineConfig) -> None:
-    """Refuse an aggregation whose input is not of a type it takes."""
+    """Refuse an aggregation whose input is not of a type it takes, or that Spark cannot
+    use (naming its field), of those ``source_problems`` leaves to Spark: their types
+    from one analysis, and only when that fails, one per input to find the one at fault."""
+    from pyspark.errors import AnalysisException
     from pyspark.sql import functions as F
     from pyspark.sql.types import NumericType
 
-    for index, aggregation in enumerate(config.transform.aggregations):
-        if aggregation.column is not None:
-            field = f"transform.aggregations.{index}.column"
-            with _naming(field, aggregation.column):
-                kind = records.select(F.expr(aggregation.column)).schema[0].dataType
-            if aggregation.function in NUMERIC_INPUT and not isinstance(kind, NumericType):
-                message = _not_numeric(
-                    aggregation.function, aggregation.column, kind.simpleString().upper()
-                )
-                raise TransformError(Problem(field, message))
+    inputs = [
+        (index, aggregation)
+        for index, aggregation in enumerate(config.transform.aggregations)
+        if aggregation.column is not None and _spark_checks(aggregation.column, config)
+    ]
+    if not inputs:
+        return
+    try:
+        kinds = [
+            f.dataType for f in records.select(*[F.expr(a.column or "") for _, a in inputs]).schema
+        ]
+    except AnalysisException:
+        kinds = []
+        for index, aggregation in inputs:
+            with _naming(f"transform.aggregations.{index}.column", aggregation.column or ""):
+                kinds.append(records.select(F.expr(aggregation.column or "")).schema[0].dataType)
+    for (index, aggregation), kind in zip(inputs, kinds, strict=True):
+        if aggregation.function in NUMERIC_INPUT and not isinstance(kind, NumericType):
+            message = _not_numeric(
+                aggregation.function, aggregation.column or "", kind.simpleString().upper()
+            )
+            raise TransformError(Problem(f"transform.aggregations.{index}.column", message))
 
 
 #: A sliding window's start (µs), on each of a record's rows, one row per window.
@@ -550,16 +583,18 @@ def earliest_window_end(config: PipelineConfig) -> Column:
 
 
 def _partial(partial: Partial) -> Column:
+    """The partial aggregate, as one SQL expression (``spark.sql_text`` says why)."""
     from pyspark.sql import functions as F
 
-    value = F.lit(1) if partial.column is None else F.expr(partial.column)
+    value = "1" if partial.column is None else sql.expression(partial.column)
     if partial.function == "hll":
         # Spark's HLL takes integers, text or bytes: text of any value, for one rule.
-        return F.hll_sketch_agg(value.cast("string"), HLL_LG_CONFIG_K).alias(partial.name)
-    if partial.function == "kll":
-        return F.kll_sketch_agg_double(value.cast("double"), KLL_K).alias(partial.name)
-    function = {"count": F.count, "sum": F.sum, "min": F.min, "max": F.max}[partial.function]
-    return function(value).alias(partial.name)
+        call = f"hll_sketch_agg(CAST({value} AS STRING), {HLL_LG_CONFIG_K})"
+    elif partial.function == "kll":
+        call = f"kll_sketch_agg_double(CAST({value} AS DOUBLE), {KLL_K})"
+    else:
+        call = f"{partial.function}({value})"
+    return F.expr(call).alias(partial.name)
 
 
 def _merge(partial: Partial) -> Column:
