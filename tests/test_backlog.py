@@ -347,15 +347,18 @@ def test_each_backlog_run_config_field_is_the_setting_the_run_used(
 
 
 def test_a_backlog_in_one_chunk_publishes_its_progress_while_spark_reads(
-    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``checkpoint_interval: 0`` commits once, at the end; meanwhile the run publishes
     the records Spark's finished read tasks stand for, which the sensor and ``pipeline
-    status`` show."""
+    status`` show. (Read in eight tasks, as a backlog of 8,000,000 records or more is,
+    so that some end before others.)"""
     import threading
 
+    from backlog_dagster.phases import backlog
     from backlog_dagster.phases.progress import RunProgress
 
+    monkeypatch.setattr(backlog, "ONE_CHUNK_RECORDS_PER_TASK", 100_000)
     make_topic(records=900_000, buckets=4)
     config = pipeline(
         tmp_path, CUSTOMER_TOTALS, backlog={"checkpoint_interval": 0}, switch={"status_every": 0.1}
@@ -422,3 +425,15 @@ def test_a_backlog_in_chunks_never_shows_less_done_than_before(
     assert report.chunks >= 3 and report.rows_read == 200_000
     assert len(set(done_seen)) >= 3, done_seen
     assert done_seen == sorted(done_seen), done_seen
+
+
+def test_a_one_chunk_backlog_reads_in_more_tasks_as_it_grows() -> None:
+    from backlog_dagster.phases.backlog import one_chunk_read_tasks
+
+    assert [one_chunk_read_tasks(n) for n in (0, 900_000, 4_000_000, 8_000_000, 10**9)] == [
+        1,
+        1,
+        4,
+        8,
+        8,
+    ]
