@@ -487,26 +487,22 @@ def _check_aggregation_inputs(records: DataFrame, config: PipelineConfig) -> Non
     from pyspark.sql.types import NumericType
 
     inputs = [
-        (index, aggregation)
+        (index, aggregation.function, aggregation.column)
         for index, aggregation in enumerate(config.transform.aggregations)
         if aggregation.column is not None and _spark_checks(aggregation.column, config)
     ]
     if not inputs:
         return
     try:
-        kinds = [
-            f.dataType for f in records.select(*[F.expr(a.column or "") for _, a in inputs]).schema
-        ]
+        kinds = [f.dataType for f in records.select(*[F.expr(c) for _, _, c in inputs]).schema]
     except AnalysisException:
         kinds = []
-        for index, aggregation in inputs:
-            with _naming(f"transform.aggregations.{index}.column", aggregation.column or ""):
-                kinds.append(records.select(F.expr(aggregation.column or "")).schema[0].dataType)
-    for (index, aggregation), kind in zip(inputs, kinds, strict=True):
-        if aggregation.function in NUMERIC_INPUT and not isinstance(kind, NumericType):
-            message = _not_numeric(
-                aggregation.function, aggregation.column or "", kind.simpleString().upper()
-            )
+        for index, _, column in inputs:
+            with _naming(f"transform.aggregations.{index}.column", column):
+                kinds.append(records.select(F.expr(column)).schema[0].dataType)
+    for (index, function, column), kind in zip(inputs, kinds, strict=True):
+        if function in NUMERIC_INPUT and not isinstance(kind, NumericType):
+            message = _not_numeric(function, column, kind.simpleString().upper())
             raise TransformError(Problem(f"transform.aggregations.{index}.column", message))
 
 
