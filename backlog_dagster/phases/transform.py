@@ -443,7 +443,7 @@ def _build_plan_parts(
         with _naming(f"transform.columns.{name}", expression):
             derived.append((name, F.expr(expression)))
     # Before the dead letter, which holds the inputs: a bad one is named here.
-    _check_aggregation_inputs(_with_derived(records, config, derived), config)
+    _check_aggregation_inputs(records, config, derived)
     letter = dead_letter(config, columns, payload)
     group: list[Column] = [F.col(k) for k in transform.keys]
     sliding = transform.window is not None and transform.window.sliding
@@ -478,10 +478,13 @@ def _with_derived(
     return records
 
 
-def _check_aggregation_inputs(records: DataFrame, config: PipelineConfig) -> None:
+def _check_aggregation_inputs(
+    records: DataFrame, config: PipelineConfig, derived: list[tuple[str, Column]]
+) -> None:
     """Refuse an aggregation whose input is not of a type it takes, or that Spark cannot
     use (naming its field), of those ``source_problems`` leaves to Spark: their types
-    from one analysis, and only when that fails, one per input to find the one at fault."""
+    from one analysis of ``records`` with the ``derived`` columns, and only when that
+    fails, one per input to find the one at fault. None left to Spark: no analysis."""
     from pyspark.errors import AnalysisException
     from pyspark.sql import functions as F
     from pyspark.sql.types import NumericType
@@ -493,6 +496,7 @@ def _check_aggregation_inputs(records: DataFrame, config: PipelineConfig) -> Non
     ]
     if not inputs:
         return
+    records = _with_derived(records, config, derived)
     try:
         kinds = [f.dataType for f in records.select(*[F.expr(c) for _, _, c in inputs]).schema]
     except AnalysisException:
