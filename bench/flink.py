@@ -236,7 +236,7 @@ parallelism {results["flink"]["parallelism"]}). {machine_line(results["machine"]
 {rows}
 
 Ours over Flink batch: **{ours / batch:.2f}x**; over Flink streaming: **{ours / streaming:.2f}x**.
-Flink reads CSV files, ours the embedded log through Spark's Python data source; the
+Flink reads CSV files, ours the embedded log (read in Spark's JVM); the
 streaming case writes its changelog nowhere, so it is an upper bound for Flink.
 """
 
