@@ -12,7 +12,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import psutil
 import pytest
@@ -22,7 +21,6 @@ from backlog_dagster.phases.micro_batch import LOCK_PATIENCE_S, MicroBatchCommit
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import SinkUnreachable, open_sink
 from backlog_dagster.spark import home, servers
-from backlog_dagster.spark.arrow import to_arrow
 from backlog_dagster.spark.sample_run import warm_up_server
 from backlog_dagster.spark.session import SparkSettingRefused, spark_config
 from tests.conftest import MakeTopic, append_orders
@@ -37,9 +35,6 @@ from tests.pipelines import (
 )
 from tests.test_backlog import kill_all, start_phase, wait_for
 from tests.test_realtime import reached
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 
 @pytest.fixture(scope="module")
@@ -234,46 +229,6 @@ def test_a_connect_server_s_python_processes_import_the_installed_pyspark(
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == str(home.installed_home() / "__init__.py")
-
-
-def test_a_job_s_rows_come_as_arrow_in_one_call_to_the_server(
-    connect: servers.SparkServer,
-) -> None:
-    """``spark.arrow.to_arrow`` on Spark Connect: the table ``toArrow`` gives, types and
-    nulls alike, without first asking the server for the schema (in a process of its
-    own: a Connect client marks its process as one)."""
-    script = (
-        "import sys; from backlog_dagster.spark.session import get_session; "
-        "from tests.test_shared_spark import arrow_both_ways; "
-        "print(arrow_both_ways(get_session(sys.argv[1])))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script, connect.url], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "5 rows, the same, 0 AnalyzePlan calls"
-
-
-def arrow_both_ways(spark: SparkSession) -> str:
-    """What ``to_arrow`` gave against ``toArrow`` over the column types the commits
-    collect, and how many ``AnalyzePlan`` calls it made."""
-    query = (
-        "SELECT id, CAST(id AS DOUBLE) / 3 AS share, timestamp_micros(id * 1000000) AS at, "
-        # Its fields nullable, as the dead letter's are: a null struct's fields are null.
-        "CASE WHEN id % 2 = 0 THEN named_struct("
-        "'bucket', CASE WHEN id % 2 = 0 THEN CAST(id AS INT) END, "
-        "'payload', CASE WHEN id % 2 = 0 THEN CAST(id AS STRING) END) END AS letter "
-        "FROM range(5)"
-    )
-    expected = spark.sql(query).toArrow()
-    client = spark.client  # type: ignore[attr-defined]
-    asked: list[object] = []
-    analyze = client._analyze
-    client._analyze = lambda *args, **kwargs: asked.append(args) or analyze(*args, **kwargs)
-    got = to_arrow(spark.sql(query))
-    same = got.schema == expected.schema and got.equals(expected)
-    outcome = "the same" if same else f"not the same: {got} against {expected}"
-    return f"{got.num_rows} rows, {outcome}, {len(asked)} AnalyzePlan calls"
 
 
 def test_a_picked_port_is_free_and_not_one_the_kernel_hands_out_for_bind_0() -> None:

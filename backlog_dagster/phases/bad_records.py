@@ -27,7 +27,6 @@ import pyarrow.compute as pc
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import DEAD_LETTER_COLUMNS
 from backlog_dagster.spark import sql_text as sql
-from backlog_dagster.spark.arrow import to_arrow
 from backlog_dagster.spark.records import (
     BUCKET_COLUMN,
     CORRUPT_COLUMN,
@@ -128,7 +127,7 @@ def _missing(role: str, column: str, derived: dict[str, str]) -> str:
 
 def collect(partials: DataFrame) -> Aggregated:
     """Run the job; split its rows into partial results and dead letters."""
-    table = to_arrow(partials)
+    table = partials.toArrow()
     letters = table.column(DEAD_LETTER)
     bad = pc.is_valid(letters)
     results = table.filter(pc.invert(bad)).drop_columns([DEAD_LETTER])

@@ -54,7 +54,6 @@ from backlog_dagster.sink import (
     open_sink,
 )
 from backlog_dagster.source import Source, open_source
-from backlog_dagster.spark.arrow import to_arrow
 from backlog_dagster.spark.records import APPENDED_COLUMN, BUCKET_COLUMN, OFFSET_COLUMN
 from backlog_dagster.spark.session import apply_sql_settings, is_connect
 from backlog_dagster.spark.source import read_here, waiting
@@ -559,14 +558,16 @@ def _late_candidates(
     window_end = earliest_window_end(config)
     closes = F.coalesce(window_end <= F.timestamp_micros(F.lit(highest)), F.lit(False))
     arrival_us = F.unix_micros(F.col(APPENDED_COLUMN)) if by_arrival else F.lit(ANY_ARRIVAL)
-    return to_arrow(
-        batch.where(closes).select(
+    return (
+        batch.where(closes)
+        .select(
             F.col(BUCKET_COLUMN).alias("bucket"),
             F.col(OFFSET_COLUMN).alias("offset"),
             F.col(event_time).alias("event_time"),
             F.unix_micros(window_end).alias("window_end"),
             arrival_us.cast("long").alias("appended_at"),
         )
+        .toArrow()
     )
 
 
