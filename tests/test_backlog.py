@@ -351,7 +351,7 @@ def test_a_backlog_in_one_chunk_publishes_its_progress_while_spark_reads(
 ) -> None:
     """``checkpoint_interval: 0`` commits once, at the end; meanwhile the run publishes
     the records Spark's finished read tasks stand for, which the sensor and ``pipeline
-    status`` show. (Read in eight tasks, as a backlog of 8,000,000 records or more is,
+    status`` show. (Read in eight tasks, as a backlog of 16,000,000 records or more is,
     so that some end before others.)"""
     import threading
 
@@ -430,10 +430,5 @@ def test_a_backlog_in_chunks_never_shows_less_done_than_before(
 def test_a_one_chunk_backlog_reads_in_more_tasks_as_it_grows() -> None:
     from backlog_dagster.phases.backlog import one_chunk_read_tasks
 
-    assert [one_chunk_read_tasks(n) for n in (0, 900_000, 4_000_000, 8_000_000, 10**9)] == [
-        1,
-        1,
-        4,
-        8,
-        8,
-    ]
+    records = (0, 1_900_000, 4_000_000, 8_000_000, 16_000_000, 10**9)
+    assert [one_chunk_read_tasks(n) for n in records] == [1, 1, 2, 4, 8, 8]

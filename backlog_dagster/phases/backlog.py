@@ -82,8 +82,12 @@ if TYPE_CHECKING:
 ONE_CHUNK_READ_TASKS = 8
 #: ... each of at least this many records: each read task hands the shuffle a row per
 #: key it saw, so small tasks cost. Measured on the example's 100,000 customers, 4,000,000
-#: records on 2 cores, the job alone (medians of 9): 0.92 s in 2 or 4 tasks, 1.06 s in 8.
-ONE_CHUNK_RECORDS_PER_TASK = 1_000_000
+#: records on 2 cores, the job alone (medians of 9): 0.92 s in 2 or 4 tasks, 1.06 s in 8;
+#: the whole backlog run (one warm session, medians of 16, the order alternating): 527 ms
+#: in 2 tasks, 545 ms in 4 (the median pair 25 ms apart; the runs spread over 200 ms). A
+#: backlog of under 16,000,000 records takes seconds at the JVM reader's rate, so fewer
+#: progress steps cost little.
+ONE_CHUNK_RECORDS_PER_TASK = 2_000_000
 
 
 @dataclass
