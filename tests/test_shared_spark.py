@@ -21,6 +21,7 @@ from backlog_dagster.phases.micro_batch import LOCK_PATIENCE_S, MicroBatchCommit
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import SinkUnreachable, open_sink
 from backlog_dagster.spark import home, servers
+from backlog_dagster.spark.compiler_priority import COMPILER_NICENESS, COMPILER_THREAD_PREFIXES
 from backlog_dagster.spark.sample_run import warm_up_server
 from backlog_dagster.spark.session import SparkSettingRefused, spark_config
 from tests.conftest import MakeTopic, append_orders
@@ -126,6 +127,7 @@ def test_a_backlog_and_a_standby_go_on_in_new_sessions_when_their_connect_server
     switch: the standby goes on in a new session too, and reads what arrived since."""
     topic = make_topic(records=2_000_000, buckets=4)
     with servers.connect_server(tmp_path / "server", master="local[2]") as first:
+        assert compiler_niceness(first) == {COMPILER_NICENESS}
         config = pipeline(
             tmp_path,
             CUSTOMER_TOTALS,
@@ -179,6 +181,15 @@ def test_a_backlog_and_a_standby_go_on_in_new_sessions_when_their_connect_server
         results = sink.read_results().to_pandas()
     oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
     assert_same(results, oracle, ["customer_id"])
+
+
+def compiler_niceness(server: servers.SparkServer) -> set[int]:
+    """The niceness of the server JVM's JIT compiler threads."""
+    return {
+        os.getpriority(os.PRIO_PROCESS, int(task.name))
+        for task in Path(f"/proc/{server.process.pid}/task").glob("*")
+        if task.joinpath("comm").read_text().startswith(COMPILER_THREAD_PREFIXES)
+    }
 
 
 def restart(server: servers.SparkServer) -> servers.SparkServer:

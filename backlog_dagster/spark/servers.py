@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backlog_dagster.log.jvm_reader import with_launch_jars
+from backlog_dagster.spark import compiler_priority
+from backlog_dagster.spark.class_archive import DRIVER_JAVA_OPTIONS
 from backlog_dagster.spark.home import launch_home
 from backlog_dagster.spark.session import LAUNCH_CONF, SESSION_CONF
 
@@ -94,7 +96,8 @@ def start_connect_server(
     """A Spark Connect server on ``host:port`` running its jobs on ``master``.
 
     Every client gets a session of its own (its SQL settings, its temporary views and
-    streaming queries); the server's Spark is shared under the fair scheduler.
+    streaming queries); the server's Spark is shared under the fair scheduler. Its JIT
+    compilers start together, to be niced once it listens (``spark.compiler_priority``).
     """
     folder.mkdir(parents=True, exist_ok=True)
     pools = folder / "fair-pools.xml"
@@ -110,6 +113,8 @@ def start_connect_server(
         "spark.pyspark.python": sys.executable,
         **conf,
     }
+    given = settings.get(DRIVER_JAVA_OPTIONS, "")
+    settings[DRIVER_JAVA_OPTIONS] = f"{compiler_priority.JAVA_OPTION} {given}".strip()
     settings = with_launch_jars(settings)
     command = ["bin/spark-submit", "--class", CONNECT_CLASS, "--name", "backlog-dagster"]
     command += ["--master", master]
@@ -169,10 +174,13 @@ def _start(
 
 
 def wait_until_listening(server: SparkServer, timeout: float = 120) -> None:
-    """Wait until the server accepts connections; its log's end if it died or took too long."""
+    """Wait until the server accepts connections; its log's end if it died or took too long.
+    Once it listens, its process is the JVM (Spark's launch script execs it), and that
+    JVM's JIT compilers are niced (``spark.compiler_priority``)."""
     deadline = time.monotonic() + timeout
     while True:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", server.port), 1):
+            compiler_priority.lower_compiler_priority(server.process.pid)
             return
         if server.process.poll() is not None or time.monotonic() > deadline:
             tail = server.log.read_text(errors="replace").splitlines()[-20:]
