@@ -21,7 +21,7 @@ from backlog_dagster.phases.micro_batch import LOCK_PATIENCE_S, MicroBatchCommit
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import SinkUnreachable, open_sink
 from backlog_dagster.spark import home, servers
-from backlog_dagster.spark.compiler_priority import COMPILER_NICENESS, COMPILER_THREAD_PREFIXES
+from backlog_dagster.spark.compiler_priority import COMPILER_NICENESS, compiler_threads
 from backlog_dagster.spark.sample_run import warm_up_server
 from backlog_dagster.spark.session import SparkSettingRefused, spark_config
 from tests.conftest import MakeTopic, append_orders
@@ -185,11 +185,8 @@ def test_a_backlog_and_a_standby_go_on_in_new_sessions_when_their_connect_server
 
 def compiler_niceness(server: servers.SparkServer) -> set[int]:
     """The niceness of the server JVM's JIT compiler threads."""
-    return {
-        os.getpriority(os.PRIO_PROCESS, int(task.name))
-        for task in Path(f"/proc/{server.process.pid}/task").glob("*")
-        if task.joinpath("comm").read_text().startswith(COMPILER_THREAD_PREFIXES)
-    }
+    threads = compiler_threads(server.process.pid)
+    return {os.getpriority(os.PRIO_PROCESS, thread) for thread in threads}
 
 
 def restart(server: servers.SparkServer) -> servers.SparkServer:

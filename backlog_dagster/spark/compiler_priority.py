@@ -34,13 +34,22 @@ COMPILER_NICENESS = 10
 JAVA_OPTION = "-XX:-UseDynamicNumberOfCompilerThreads"
 
 
-def lower_compiler_priority(pid: int, niceness: int = COMPILER_NICENESS) -> int:
-    """Give the JVM ``pid``'s compiler threads ``niceness``; how many it changed (0 where
-    the platform has no per-thread niceness or the process is gone)."""
-    changed = 0
+def compiler_threads(pid: int) -> list[int]:
+    """The thread ids of the JVM ``pid``'s compilers (none where the platform has no
+    ``/proc`` or the process is gone)."""
+    found = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
         with contextlib.suppress(OSError):
             if task.joinpath("comm").read_text().startswith(COMPILER_THREAD_PREFIXES):
-                os.setpriority(os.PRIO_PROCESS, int(task.name), niceness)
-                changed += 1
+                found.append(int(task.name))
+    return found
+
+
+def lower_compiler_priority(pid: int, niceness: int = COMPILER_NICENESS) -> int:
+    """Give the JVM ``pid``'s compiler threads ``niceness``; how many it changed."""
+    changed = 0
+    for thread in compiler_threads(pid):
+        with contextlib.suppress(OSError):  # the thread ended meanwhile
+            os.setpriority(os.PRIO_PROCESS, thread, niceness)
+            changed += 1
     return changed

@@ -26,9 +26,8 @@ from pathlib import Path
 
 from backlog_dagster.log.jvm_reader import with_launch_jars
 from backlog_dagster.spark import compiler_priority
-from backlog_dagster.spark.class_archive import DRIVER_JAVA_OPTIONS
 from backlog_dagster.spark.home import launch_home
-from backlog_dagster.spark.session import LAUNCH_CONF, SESSION_CONF
+from backlog_dagster.spark.session import LAUNCH_CONF, SESSION_CONF, with_driver_java_option
 
 CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
@@ -113,9 +112,7 @@ def start_connect_server(
         "spark.pyspark.python": sys.executable,
         **conf,
     }
-    given = settings.get(DRIVER_JAVA_OPTIONS, "")
-    settings[DRIVER_JAVA_OPTIONS] = f"{compiler_priority.JAVA_OPTION} {given}".strip()
-    settings = with_launch_jars(settings)
+    settings = with_launch_jars(with_driver_java_option(settings, compiler_priority.JAVA_OPTION))
     command = ["bin/spark-submit", "--class", CONNECT_CLASS, "--name", "backlog-dagster"]
     command += ["--master", master]
     for key, value in settings.items():

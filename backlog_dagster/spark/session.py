@@ -73,6 +73,12 @@ class SparkSettingRefused(ValueError):
     """A launch setting asked of a Spark that was launched already (a Connect server)."""
 
 
+def with_driver_java_option(settings: Mapping[str, str], option: str) -> dict[str, str]:
+    """``settings`` with the driver's Java ``option`` ahead of any they give already."""
+    given = settings.get(DRIVER_JAVA_OPTIONS, "")
+    return {**settings, DRIVER_JAVA_OPTIONS: f"{option} {given}".strip()}
+
+
 def spark_config(master: str, app_name: str, conf: Mapping[str, str] = {}) -> dict[str, str]:
     """Every setting of a session on ``master``: this project's defaults, then ``conf``.
 
@@ -87,10 +93,7 @@ def spark_config(master: str, app_name: str, conf: Mapping[str, str] = {}) -> di
             {"spark.master": master, "spark.app.name": app_name, **DEFAULT_CONF, **conf}
         )
         archive = driver_java_option(settings)
-        if archive is not None:
-            given = settings.get(DRIVER_JAVA_OPTIONS, "")
-            settings[DRIVER_JAVA_OPTIONS] = f"{archive} {given}".strip()
-        return settings
+        return settings if archive is None else with_driver_java_option(settings, archive)
     fixed = sorted(key for key in conf if not key.startswith("spark.sql."))
     if fixed:
         raise SparkSettingRefused(
