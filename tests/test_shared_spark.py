@@ -239,6 +239,51 @@ def test_a_connect_server_s_python_processes_import_the_installed_pyspark(
     assert done.stdout.strip().splitlines()[-1] == str(home.installed_home() / "__init__.py")
 
 
+def python_daemons(server: servers.SparkServer) -> set[int]:
+    """The server's Python daemons (each forks Spark's Python workers of one kind)."""
+    found = set()
+    for process in psutil.Process(server.process.pid).children(recursive=True):
+        try:
+            if "pyspark.daemon" in process.cmdline():
+                found.add(process.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_the_server_s_sessions_share_its_generated_code_and_python_workers(
+    connect: servers.SparkServer,
+) -> None:
+    """Each run is a session of its own. On the server the project starts
+    (``spark/jvm/ConnectServer.java``) a session's query whose plan another session ran
+    before generates no code of its own (Spark's cache of compiled plan code holds), and
+    its Python UDF runs in the Python workers that were started for the other."""
+    script = (
+        "import sys; from pyspark.sql import functions as F; "
+        "from backlog_dagster.spark.session import get_session; "
+        "spark = get_session(sys.argv[1]); plus = F.udf(lambda v: v + 1, 'long'); "
+        "rows = spark.range(1000).select(plus('id').alias('v'))"
+        ".groupBy((F.col('v') % 7).alias('k')).count().collect(); print(len(rows))"
+    )
+
+    def run_in_a_session() -> None:
+        done = subprocess.run(
+            [sys.executable, "-c", script, connect.url], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip().splitlines()[-1] == "7"
+
+    def code_generated() -> int:
+        return connect.log.read_text(errors="replace").count("Code generated in")
+
+    run_in_a_session()
+    generated, daemons = code_generated(), python_daemons(connect)
+    assert generated > 0 and daemons
+    run_in_a_session()
+    assert code_generated() == generated
+    assert python_daemons(connect) == daemons
+
+
 def test_a_picked_port_is_free_and_not_one_the_kernel_hands_out_for_bind_0() -> None:
     """A server started on a picked port some seconds later (``dagster dev``, a Connect
     server started again) must not find it taken by another process's ephemeral socket:

@@ -3,6 +3,7 @@ applied in both phases, its results exact across the switch."""
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -135,6 +136,33 @@ def test_the_function_is_applied_in_backlog_and_realtime_and_results_are_exact(
     with open_sink(config) as sink:
         results = sink.read_results().to_pandas()
     assert_same(results, bands_oracle(records_up_to(topic, topic.latest_offsets())), ["band"])
+
+
+UDF_MODULE = """
+from pyspark.sql import functions as F
+
+def version(_):
+    return "{version}"
+
+def tagged(records):
+    return records.withColumn("version", F.udf(version, "string")("order_id"))
+"""
+
+
+def test_a_udf_of_the_function_s_module_runs_as_loaded_where_workers_cannot_import_it(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark's Python workers (started before this module existed, its folder not on their
+    path) run the function module's UDF as this process loaded it: after an edit, the new
+    code, even in a worker kept from before."""
+    module = tmp_path / "edited_udfs.py"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    records = spark.range(3).withColumnRenamed("id", "order_id")
+    for version in ("first", "second"):
+        module.write_text(UDF_MODULE.format(version=version))
+        monkeypatch.delitem(sys.modules, "edited_udfs", raising=False)  # a new run's import
+        tagged = user_function.apply_function(records, "edited_udfs:tagged")
+        assert {row["version"] for row in tagged.collect()} == {version}
 
 
 def test_dagster_refuses_an_aggregating_function_when_it_loads_the_file(

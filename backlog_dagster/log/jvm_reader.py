@@ -24,16 +24,13 @@ reads through the Python data source as before.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 import weakref
-import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from backlog_dagster.spark import java_build
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -53,12 +50,7 @@ SQLITE_JDBC_ENV = "BACKLOG_DAGSTER_SQLITE_JDBC"
 
 def jar_path() -> Path:
     """Where the reader built from this source for this PySpark belongs."""
-    import pyspark
-
-    from backlog_dagster.spark.home import project_folder
-
-    digest = hashlib.sha256(SOURCE.read_bytes() + pyspark.__version__.encode()).hexdigest()
-    return project_folder() / f"log-reader-{digest[:16]}.jar"
+    return java_build.jar_path(SOURCE, "log-reader")
 
 
 def sqlite_jdbc() -> Path:
@@ -85,8 +77,6 @@ def with_launch_jars(settings: Mapping[str, str]) -> dict[str, str]:
 def build(log: Callable[[str], None] = print) -> Path:
     """Compile the reader against PySpark's jars and the JDBC driver, unless built;
     its path. Needs a JDK (``javac``)."""
-    from backlog_dagster.spark.home import installed_home
-
     target = jar_path()
     if target.is_file():
         log(f"the log's JVM reader is already built: {target}")
@@ -97,35 +87,7 @@ def build(log: Callable[[str], None] = print) -> Path:
             f"install Debian's libxerial-sqlite-jdbc-java, or point {SQLITE_JDBC_ENV} at "
             "its jar"
         )
-    javac = shutil.which("javac")
-    if javac is None:
-        raise RuntimeError("the log's JVM reader needs a JDK to build it: javac is not found")
-    classpath = f"{installed_home() / 'jars'}/*{os.pathsep}{sqlite_jdbc()}"
-    with tempfile.TemporaryDirectory(prefix="log-reader-") as folder:
-        classes = Path(folder) / "classes"
-        done = subprocess.run(
-            [
-                javac,
-                "-nowarn",
-                "--release",
-                "17",
-                "-d",
-                str(classes),
-                "-cp",
-                classpath,
-                str(SOURCE),
-            ],
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"javac failed on {SOURCE.name}:\n{done.stderr[-3000:]}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-        with zipfile.ZipFile(partial, "w") as jar:
-            for path in sorted(classes.rglob("*.class")):
-                jar.write(path, path.relative_to(classes).as_posix())
-        partial.replace(target)
+    java_build.build_jar(SOURCE, target, [sqlite_jdbc()])
     log(f"built the log's JVM reader: {target}")
     return target
 

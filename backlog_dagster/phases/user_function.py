@@ -91,10 +91,18 @@ def load_function(spec: str) -> Callable[[DataFrame], DataFrame]:
 
 
 def apply_function(records: DataFrame, spec: str) -> DataFrame:
-    """The user's function over ``records``, checked to return a DataFrame."""
+    """The user's function over ``records``, checked to return a DataFrame.
+
+    Python UDFs of the function's module go to Spark by value, not by name: Spark's
+    Python workers then run the code this run loaded, even a worker kept from an earlier
+    run (a Connect server started here shares its workers across runs,
+    ``spark/jvm/ConnectServer.java``), and they need not import the module."""
+    from pyspark import cloudpickle
     from pyspark.sql import DataFrame
 
-    result = load_function(spec)(records)
+    function = load_function(spec)
+    cloudpickle.register_pickle_by_value(sys.modules[spec.partition(":")[0]])
+    result = function(records)
     if not isinstance(result, DataFrame):
         raise FunctionError(f"{spec}: returned a {type(result).__name__}, not a DataFrame")
     return result

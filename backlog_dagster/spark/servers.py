@@ -25,11 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backlog_dagster.log.jvm_reader import with_launch_jars
-from backlog_dagster.spark import compiler_priority
+from backlog_dagster.spark import compiler_priority, java_build
 from backlog_dagster.spark.home import launch_home
 from backlog_dagster.spark.session import LAUNCH_CONF, SESSION_CONF, with_driver_java_option
 
-CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+#: The project's Connect server (``jvm/ConnectServer.java``): Spark's own service, its
+#: sessions sharing Spark's compiled code and Python workers; Spark's own server where
+#: there is no JDK to build it.
+SERVER_SOURCE = Path(__file__).with_name("jvm") / "ConnectServer.java"
+SERVER_CLASS = "backlogdagster.spark.ConnectServer"
+SPARK_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 
@@ -95,8 +100,10 @@ def start_connect_server(
     """A Spark Connect server on ``host:port`` running its jobs on ``master``.
 
     Every client gets a session of its own (its SQL settings, its temporary views and
-    streaming queries); the server's Spark is shared under the fair scheduler. Its JIT
-    compilers start together, to be niced once it listens (``spark.compiler_priority``).
+    streaming queries); the server's Spark is shared under the fair scheduler, and so are
+    the classes it generates and compiles for query plans and its Python workers
+    (``jvm/ConnectServer.java``). Its JIT compilers start together, to be niced once it
+    listens (``spark.compiler_priority``).
     """
     folder.mkdir(parents=True, exist_ok=True)
     pools = folder / "fair-pools.xml"
@@ -113,12 +120,23 @@ def start_connect_server(
         **conf,
     }
     settings = with_launch_jars(with_driver_java_option(settings, compiler_priority.JAVA_OPTION))
-    command = ["bin/spark-submit", "--class", CONNECT_CLASS, "--name", "backlog-dagster"]
-    command += ["--master", master]
+    jar = server_jar()
+    command = ["bin/spark-submit", "--class", SPARK_SERVER_CLASS if jar is None else SERVER_CLASS]
+    command += ["--name", "backlog-dagster", "--master", master]
     for key, value in settings.items():
         command += ["--conf", f"{key}={value}"]
-    command += ["spark-internal"]
+    command += ["spark-internal" if jar is None else str(jar)]
     return _start("connect server", f"sc://{host}:{port}", port, command, folder)
+
+
+def server_jar() -> Path | None:
+    """The project's Connect server, built on first use; None without a JDK."""
+    target = java_build.jar_path(SERVER_SOURCE, "connect-server")
+    if not target.is_file():
+        if not java_build.javac_found():
+            return None
+        java_build.build_jar(SERVER_SOURCE, target)
+    return target
 
 
 def start_master(port: int, folder: Path, host: str = "127.0.0.1") -> SparkServer:

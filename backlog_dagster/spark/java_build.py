@@ -1,0 +1,54 @@
+"""The project's own Java classes, each source compiled against PySpark's jars into a
+jar of its own, once per source and PySpark (in ``spark.home.project_folder``)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def jar_path(source: Path, name: str) -> Path:
+    """Where ``source`` built for this PySpark belongs: ``name`` and a digest of both."""
+    import pyspark
+
+    from backlog_dagster.spark.home import project_folder
+
+    digest = hashlib.sha256(source.read_bytes() + pyspark.__version__.encode()).hexdigest()
+    return project_folder() / f"{name}-{digest[:16]}.jar"
+
+
+def javac_found() -> bool:
+    return shutil.which("javac") is not None
+
+
+def build_jar(source: Path, target: Path, classpath: Sequence[Path] = ()) -> None:
+    """Compile ``source`` against PySpark's jars (and ``classpath``) into ``target``.
+    Needs a JDK; RuntimeError with javac's words when it fails. Processes building the
+    same jar at once each write their own file and move it into place."""
+    from backlog_dagster.spark.home import installed_home
+
+    javac = shutil.which("javac")
+    if javac is None:
+        raise RuntimeError(f"{source.name} needs a JDK to build it: javac is not found")
+    path = os.pathsep.join([f"{installed_home() / 'jars'}/*", *map(str, classpath)])
+    with tempfile.TemporaryDirectory(prefix=f"{target.stem}-") as folder:
+        classes = Path(folder) / "classes"
+        done = subprocess.run(
+            [javac, "-nowarn", "--release", "17", "-d", str(classes), "-cp", path, str(source)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"javac failed on {source.name}:\n{done.stderr[-3000:]}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+        with zipfile.ZipFile(partial, "w") as jar:
+            for compiled in sorted(classes.rglob("*.class")):
+                jar.write(compiled, compiled.relative_to(classes).as_posix())
+        partial.replace(target)
