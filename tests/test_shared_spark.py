@@ -50,16 +50,21 @@ def connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.SparkS
     assert f"Spark Connect server up: {server.url}" in "".join(said)
 
 
-def commit_workers(server: servers.SparkServer) -> set[int]:
-    """The Python processes in which the Connect server runs queries' ``foreachBatch``."""
+def server_processes(server: servers.SparkServer, marker: str) -> set[int]:
+    """The processes under the server whose command line holds ``marker``."""
     found = set()
     for process in psutil.Process(server.process.pid).children(recursive=True):
         try:
-            if "foreach_batch_worker" in " ".join(process.cmdline()):
+            if marker in " ".join(process.cmdline()):
                 found.add(process.pid)
         except psutil.Error:
             continue
     return found
+
+
+def commit_workers(server: servers.SparkServer) -> set[int]:
+    """The Python processes in which the Connect server runs queries' ``foreachBatch``."""
+    return server_processes(server, "foreach_batch_worker")
 
 
 def test_on_spark_connect_a_dead_runs_query_commits_nothing_and_stops_and_the_next_run_is_exact(
@@ -241,14 +246,7 @@ def test_a_connect_server_s_python_processes_import_the_installed_pyspark(
 
 def python_daemons(server: servers.SparkServer) -> set[int]:
     """The server's Python daemons (each forks Spark's Python workers of one kind)."""
-    found = set()
-    for process in psutil.Process(server.process.pid).children(recursive=True):
-        try:
-            if "pyspark.daemon" in process.cmdline():
-                found.add(process.pid)
-        except psutil.Error:
-            continue
-    return found
+    return server_processes(server, "pyspark.daemon")
 
 
 def test_the_server_s_sessions_share_its_generated_code_and_python_workers(
