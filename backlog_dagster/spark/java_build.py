@@ -23,8 +23,9 @@ def jar_path(source: Path, name: str) -> Path:
     return project_folder() / f"{name}-{digest[:16]}.jar"
 
 
-def javac_found() -> bool:
-    return shutil.which("javac") is not None
+def javac() -> str | None:
+    """The JDK's compiler, if there is one."""
+    return shutil.which("javac")
 
 
 def build_jar(source: Path, target: Path, classpath: Sequence[Path] = ()) -> None:
@@ -33,14 +34,14 @@ def build_jar(source: Path, target: Path, classpath: Sequence[Path] = ()) -> Non
     same jar at once each write their own file and move it into place."""
     from backlog_dagster.spark.home import installed_home
 
-    javac = shutil.which("javac")
-    if javac is None:
+    compiler = javac()
+    if compiler is None:
         raise RuntimeError(f"{source.name} needs a JDK to build it: javac is not found")
     path = os.pathsep.join([f"{installed_home() / 'jars'}/*", *map(str, classpath)])
     with tempfile.TemporaryDirectory(prefix=f"{target.stem}-") as folder:
         classes = Path(folder) / "classes"
         done = subprocess.run(
-            [javac, "-nowarn", "--release", "17", "-d", str(classes), "-cp", path, str(source)],
+            [compiler, "-nowarn", "--release", "17", "-d", str(classes), "-cp", path, str(source)],
             capture_output=True,
             text=True,
         )

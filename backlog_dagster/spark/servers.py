@@ -133,7 +133,7 @@ def server_jar() -> Path | None:
     """The project's Connect server, built on first use; None without a JDK."""
     target = java_build.jar_path(SERVER_SOURCE, "connect-server")
     if not target.is_file():
-        if not java_build.javac_found():
+        if java_build.javac() is None:
             return None
         java_build.build_jar(SERVER_SOURCE, target)
     return target
