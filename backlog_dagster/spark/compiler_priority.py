@@ -1,7 +1,8 @@
 """A long-lived Spark JVM's JIT compilers run at a lower CPU priority than its work.
 
-A Spark Connect server keeps compiling long after its warm-up: every new session's
-backlog generates classes of its own, and Spark's planning code is large. Measured on
+A Spark Connect server keeps compiling long after its warm-up: every plan it has not
+run before (a new pipeline's backlog and realtime queries) generates classes of its own,
+and Spark's planning code is large. Measured on
 the shared server under ``dagster dev`` (2 cores, three example pipelines' realtime
 queries at 0.5 s micro-batches, a minute after the last switch): its C2 compiler thread
 took 0.39 of a core, a third of the JVM's CPU, and on a server warmed for two minutes the
