@@ -199,6 +199,26 @@ HEADER = (
 
 
 def main() -> None:
+    args = parse()
+    results, timelines, kept = measure(args)
+    cases = args.case or list(DEFAULT_CASES)
+    baseline = results["baseline_commit"]
+    if args.case:
+        suffix = "-".join(cases) + ("" if baseline is None else f"-against-{baseline}")
+        path = publish(f"e2e-{suffix}", results, f"e2e.py {suffix}", markdown(results))
+    else:
+        path = publish("e2e", results, "e2e.py", markdown(results))
+    if timelines:
+        timeline = path.with_name(path.name.replace(".json", "-timeline.json"))
+        timeline.write_text(json.dumps(timelines) + "\n")
+        print(f"wrote {timeline}")
+    kept.unlink(missing_ok=True)
+    print(f"wrote {path} and BENCHMARKS.md in {results['bench_seconds']:.0f} s")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """This bench's settings from ``argv`` (the command line's when None): ``bench/run.py``
+    runs its cases through here too, with the same defaults."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=20_000_000)
     parser.add_argument("--live-rate", type=int, default=20_000)
@@ -225,7 +245,15 @@ def main() -> None:
         help="the runs a bench that failed after them kept (it says where): only the "
         "in-process part runs, then the figures are written",
     )
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def measure(
+    args: argparse.Namespace,
+) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]], Path]:
+    """Every case's runs, alternating, then the in-process part: the results, each run's
+    timeline (``--timeline``) and the file that keeps the runs so far (delete it once the
+    results are safe)."""
     cases = args.case or list(DEFAULT_CASES)
     baseline = None if args.baseline is None else _commit_of(args.baseline)
     variants = [
@@ -281,17 +309,7 @@ def main() -> None:
         "resumed_from": None if args.resume is None else args.resume.name,
         "baseline_commit": baseline,
     }
-    if args.case:
-        suffix = "-".join(cases) + ("" if baseline is None else f"-against-{baseline}")
-        path = publish(f"e2e-{suffix}", results, f"e2e.py {suffix}", _markdown(results))
-    else:
-        path = publish("e2e", results, "e2e.py", _markdown(results))
-    if timelines:
-        timeline = path.with_name(path.name.replace(".json", "-timeline.json"))
-        timeline.write_text(json.dumps(timelines) + "\n")
-        print(f"wrote {timeline}")
-    kept.unlink(missing_ok=True)
-    print(f"wrote {path} and BENCHMARKS.md in {results['bench_seconds']:.0f} s")
+    return results, timelines, kept
 
 
 #: How a baseline run's case is named: ``<case>@baseline``.
@@ -874,7 +892,9 @@ def _label(case: str, results: dict[str, Any]) -> str:
     return LABELS[case]
 
 
-def _markdown(results: dict[str, Any]) -> str:
+def markdown(results: dict[str, Any], heading: str | None = None) -> str:
+    """The section of ``BENCHMARKS.md`` for ``results``, under ``heading`` (by default a
+    title naming the command that reproduces them)."""
     cases = results["cases"]
     rows = []
     for case in cases:
@@ -917,7 +937,9 @@ def _markdown(results: dict[str, Any]) -> str:
         command += "".join(f" --case {c}" for c in named)
     if results.get("baseline_commit"):
         command += f" --baseline <checkout of {results['baseline_commit']}>"
-    return f"""## The example as users run it (`{command}`)
+    if heading is None:
+        heading = f"## The example as users run it (`{command}`)"
+    return f"""{heading}
 
 {results["date"][:10]}: every example pipeline under `dagster dev`, a
 {results["records"]:,}-record backlog and a live producer at {results["live_rate"]:,}

@@ -134,7 +134,7 @@ def _markdown(figures: dict[str, Any], stem: Path) -> str:
     plain = catch_up["plain_streaming"]
     ratios = catch_up["ratios"]
     lines = [
-        "## Catch-up, realtime latency and the switch gap (`bench/run.py`)",
+        "## Catch-up, realtime latency and the example as users run it (`bench/run.py`)",
         "",
         f"Reproduce: `.venv/bin/python bench/run.py --size {figures['preset']}` (presets: "
         "small, default, reference). Latest run: "
@@ -194,36 +194,16 @@ def _markdown(figures: dict[str, Any], stem: Path) -> str:
             f"{row['records']:,} | {row['p50_s']:.3f} | {row['p95_s']:.3f} | "
             f"{row['p99_s']:.3f} | {row['max_s']:.3f} |"
         )
-    gap = figures["switch_gap"]
+    import e2e  # here: it imports this module
+
+    as_users_run_it = figures["as_users_run_it"]
+    cases = " ".join(f"--case {case}" for case in as_users_run_it["cases"])
     lines += [
         "",
-        f"### The switch gap through `dagster dev` ({gap['backlog_records']:,}-record backlog, "
-        f"live {settings['live_rate']:,} records/s, both example pipelines, medians of "
-        f"{len(gap['runs'])})",
-        "",
-        "Seconds from the last backlog commit (negative: before it). The realtime run is "
-        "launched as a standby while the backlog runs; *Spark ready* is when its session "
-        "and Python workers were up.",
-        "",
-        "| pipeline | gap (s) | phase change | realtime run launched | Spark ready "
-        "| query started | first batch took |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        e2e.markdown(
+            as_users_run_it,
+            heading="### The example as users run it, through `dagster dev` "
+            f"(`bench/e2e.py {cases}`)",
+        ).rstrip("\n"),
     ]
-    for name in ("customer_totals", "region_minutes"):
-        row = gap[name]
-        lines.append(
-            f"| {name} | {row['gap_s']:.1f} | {row['phase_change_s']:.1f} | "
-            f"{row['realtime_run_launched_s']:.1f} | {row['spark_ready_s']:.1f} | "
-            f"{row['query_started_s']:.1f} | {row['first_batch_s']:.1f} |"
-        )
-    lines += [
-        "",
-        "Peak resident memory during those runs (MiB; the largest single process of each "
-        "kind, and the largest sum over all of them at one moment):",
-        "",
-    ]
-    lines.append(
-        ", ".join(f"{kind} {mib:,.0f}" for kind, mib in sorted(gap["memory_peak_mib"].items()))
-        + "."
-    )
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""Backlog catch-up against plain streaming and pure batch; realtime latency; the switch gap.
+"""Backlog catch-up against plain streaming and pure batch; realtime latency; the example as
+users run it.
 
     .venv/bin/python bench/run.py [--size small|default|reference]
 
@@ -12,9 +13,11 @@ same transform (``customer_totals``), same sink kind (SQLite), same machine, one
    driver's peak memory;
 3. realtime latency: records appended at the live rate, append → result visible in the
    sink, per record, at two micro-batch intervals;
-4. the switch gap through ``dagster dev`` on the example project (sensor, daemon, real
-   runs): the last backlog commit → the first realtime commit, split into where the time
-   goes, with the peak memory of the Dagster processes and the runs' Spark JVMs.
+4. the example project as users run it (``bench/e2e.py``'s runs, its cases in
+   ``AS_USERS_RUN_IT``): every pipeline under ``dagster dev`` (sensor, daemon, real runs),
+   a backlog and a live producer; time to each switch and to fresh, backlog records/s,
+   the switch gap, realtime p99 and peak memory, beside the same backlogs in one warm
+   process, so what running through Dagster costs shows.
 
 Figures under a minute are medians of ``repeat`` runs. Writes
 ``bench/results/<date>-<size>.json`` and ``.png``, and the table in ``BENCHMARKS.md``.
@@ -84,8 +87,9 @@ class Preset:
     live_rate: int
     latency_seconds: float
     latency_intervals: tuple[float, ...]
-    gap_backlog: int
-    gap_repeat: int
+    #: The example under ``dagster dev`` (part 4): its backlog, and runs per case.
+    e2e_records: int
+    e2e_repeat: int
     repeat: int = 3
     positive_interval: float = 2.0
 
@@ -98,8 +102,8 @@ PRESETS = {
         live_rate=20_000,
         latency_seconds=20,
         latency_intervals=(0.5,),
-        gap_backlog=200_000,
-        gap_repeat=1,
+        e2e_records=2_000_000,
+        e2e_repeat=1,
     ),
     "default": Preset(
         compare=4_000_000,
@@ -108,8 +112,8 @@ PRESETS = {
         live_rate=20_000,
         latency_seconds=45,
         latency_intervals=(0.5, 2.0),
-        gap_backlog=1_500_000,
-        gap_repeat=3,
+        e2e_records=20_000_000,
+        e2e_repeat=3,
     ),
     "reference": Preset(
         compare=20_000_000,
@@ -118,8 +122,8 @@ PRESETS = {
         live_rate=20_000,
         latency_seconds=120,
         latency_intervals=(0.5, 2.0),
-        gap_backlog=4_000_000,
-        gap_repeat=3,
+        e2e_records=20_000_000,
+        e2e_repeat=3,
     ),
 }
 
@@ -148,7 +152,7 @@ def main() -> None:
         figures["catch_up"] = catch_up(scratch, preset, args.master)
         figures["scaling"] = scaling(scratch, preset, args.master)
         figures["realtime_latency"] = latency(scratch, preset, args.master)
-        figures["switch_gap"] = switch_gap(scratch, preset)
+        figures["as_users_run_it"] = as_users_run_it(preset)
         figures["bench_seconds"] = round(time.perf_counter() - started, 1)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -419,129 +423,34 @@ def _caught_up(config: PipelineConfig, end: dict[int, int]) -> Any:
     return check
 
 
-# -- 4. the switch gap through dagster dev -------------------------------------------------
+# -- 4. the example as users run it ------------------------------------------------------
 
 
-def switch_gap(scratch: Path, preset: Preset) -> dict[str, Any]:
-    from backlog_dagster.components.dev_server import copy_project, dagster_dev
-
-    runs = []
-    for rep in range(preset.gap_repeat):
-        data = scratch / f"gap-{rep}"
-        _topic(data / "example" / "orders", preset.gap_backlog).close()
-        producer = subprocess.Popen(
-            [
-                str(Path(sys.executable).with_name("backlog-dagster")),
-                "log",
-                "produce",
-                str(data / "example" / "orders"),
-                "--records",
-                "0",
-                "--live-rate",
-                str(preset.live_rate),
-                "--seed",
-                str(10 + rep),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        # The two pipelines the earlier figures measured, not the example's later ones.
-        project = data / "project"
-        copy_project(ROOT, project, lambda attributes: attributes["name"] in PIPELINES)
-        memory = MemorySampler()
-        try:
-            with dagster_dev(project, data / "dagster_home", data) as server:
-                memory.watch(server.pid)
-                sink = data / "example" / "results.sqlite"
-                wait_until(
-                    lambda sink=sink: all(_first_realtime_commit(sink, p) for p in PIPELINES),
-                    900,
-                    "both pipelines to commit in realtime",
-                )
-                runs.append(
-                    {p: _gap_parts(sink, p, data / "dagster_home") for p in PIPELINES}
-                    | {"memory_peak_mib": memory.stop()}
-                )
-        finally:
-            memory.stop()
-            producer.terminate()
-            producer.wait(30)
-        for name in PIPELINES:
-            print(f"switch gap {name}: {runs[-1][name]}")
-        shutil.rmtree(data, ignore_errors=True)
-    summary: dict[str, Any] = {"runs": runs, "backlog_records": preset.gap_backlog}
-    for name in PIPELINES:
-        summary[name] = {
-            part: statistics.median(run[name][part] for run in runs) for part in runs[0][name]
-        }
-    summary["memory_peak_mib"] = {
-        kind: max(run["memory_peak_mib"].get(kind, 0) for run in runs)
-        for kind in {k for run in runs for k in run["memory_peak_mib"]}
-    }
-    return summary
+#: The example as ``make demo`` runs it (a Spark per run) and as ``make demo ARGS="--spark
+#: connect"`` does (one shared Spark Connect server), by ``bench/e2e.py``'s case names.
+AS_USERS_RUN_IT = ("as_shipped", "shared_spark")
 
 
-PIPELINES = ("customer_totals", "region_minutes")
+def as_users_run_it(preset: Preset) -> dict[str, Any]:
+    """``bench/e2e.py``'s runs of the example under ``dagster dev`` for the cases in
+    ``AS_USERS_RUN_IT``, alternating, with its in-process backlogs over the same records."""
+    import e2e
 
-
-def _first_realtime_commit(sink: Path, pipeline: str) -> float | None:
-    import sqlite3
-
-    if not sink.exists():
-        return None
-    with sqlite3.connect(sink) as db:
-        try:
-            (first,) = db.execute(
-                "SELECT min(committed_at) FROM backlog_commits WHERE pipeline = ? AND phase = "
-                "'realtime'",
-                (pipeline,),
-            ).fetchone()
-        except sqlite3.OperationalError:
-            return None
-    return first
-
-
-def _gap_parts(sink: Path, pipeline: str, home: Path) -> dict[str, float]:
-    """The switch, timed from the last backlog commit (negative: before it)."""
-    import sqlite3
-
-    import dagster as dg
-
-    with sqlite3.connect(sink) as db:
-        (generation, switched) = db.execute(
-            "SELECT generation, changed_at FROM backlog_phases WHERE pipeline = ? AND phase = "
-            "'realtime' ORDER BY rowid LIMIT 1",
-            (pipeline,),
-        ).fetchone()
-        (last_backlog,) = db.execute(
-            "SELECT max(committed_at) FROM backlog_commits WHERE pipeline = ? AND generation = ? "
-            "AND phase = 'backlog'",
-            (pipeline, generation),
-        ).fetchone()
-    first_realtime = _first_realtime_commit(sink, pipeline)
-    assert first_realtime is not None
-    with dg.DagsterInstance.from_config(str(home)) as instance:
-        runs = instance.get_runs(filters=dg.RunsFilter(job_name=f"{pipeline}_realtime_job"))
-        # The run that started the query: an earlier standby may have ended unused when
-        # its generation was replaced.
-        for run in sorted(runs, key=lambda r: instance.get_run_stats(r.run_id).launch_time or 0):
-            logged = [(e.user_message or "", e.timestamp) for e in instance.all_logs(run.run_id)]
-            starts = [t for m, t in logged if m.startswith("realtime: starting")]
-            if starts:
-                launched = instance.get_run_stats(run.run_id).launch_time or switched
-                break
-        else:
-            raise RuntimeError(f"no realtime run of {pipeline} started its query")
-    started = starts[0]
-    ready = next((t for m, t in logged if m.startswith("standby: Spark is up")), started)
-    return {
-        "gap_s": first_realtime - last_backlog,
-        "phase_change_s": switched - last_backlog,
-        "realtime_run_launched_s": launched - last_backlog,
-        "spark_ready_s": ready - last_backlog,
-        "query_started_s": started - last_backlog,
-        "first_batch_s": first_realtime - started,
-    }
+    cases = [arg for case in AS_USERS_RUN_IT for arg in ("--case", case)]
+    args = e2e.parse(
+        [
+            "--records",
+            str(preset.e2e_records),
+            "--live-rate",
+            str(preset.live_rate),
+            "--repeat",
+            str(preset.e2e_repeat),
+            *cases,
+        ]
+    )
+    results, _, kept = e2e.measure(args)
+    kept.unlink(missing_ok=True)
+    return results
 
 
 class MemorySampler(threading.Thread):

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cases import wait_until
 from report import machine_line, replace_section
-from run import PIPELINES, _first_realtime_commit, _gap_parts, _rss_mib, _topic, machine
+from run import _rss_mib, _topic, machine
 
 from backlog_dagster.components.dev_server import (
     all_of,
@@ -363,6 +363,72 @@ def _markdown(results: dict[str, Any]) -> str:
 
 def _listed(samples: list[float]) -> str:
     return ", ".join(f"{sample:.1f}" for sample in samples)
+
+
+# -- the switch gap, from the sink and the Dagster instance ------------------------
+
+
+PIPELINES = ("customer_totals", "region_minutes")
+
+
+def _first_realtime_commit(sink: Path, pipeline: str) -> float | None:
+    import sqlite3
+
+    if not sink.exists():
+        return None
+    with sqlite3.connect(sink) as db:
+        try:
+            (first,) = db.execute(
+                "SELECT min(committed_at) FROM backlog_commits WHERE pipeline = ? AND phase = "
+                "'realtime'",
+                (pipeline,),
+            ).fetchone()
+        except sqlite3.OperationalError:
+            return None
+    return first
+
+
+def _gap_parts(sink: Path, pipeline: str, home: Path) -> dict[str, float]:
+    """The switch, timed from the last backlog commit (negative: before it)."""
+    import sqlite3
+
+    import dagster as dg
+
+    with sqlite3.connect(sink) as db:
+        (generation, switched) = db.execute(
+            "SELECT generation, changed_at FROM backlog_phases WHERE pipeline = ? AND phase = "
+            "'realtime' ORDER BY rowid LIMIT 1",
+            (pipeline,),
+        ).fetchone()
+        (last_backlog,) = db.execute(
+            "SELECT max(committed_at) FROM backlog_commits WHERE pipeline = ? AND generation = ? "
+            "AND phase = 'backlog'",
+            (pipeline, generation),
+        ).fetchone()
+    first_realtime = _first_realtime_commit(sink, pipeline)
+    assert first_realtime is not None
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        runs = instance.get_runs(filters=dg.RunsFilter(job_name=f"{pipeline}_realtime_job"))
+        # The run that started the query: an earlier standby may have ended unused when
+        # its generation was replaced.
+        for run in sorted(runs, key=lambda r: instance.get_run_stats(r.run_id).launch_time or 0):
+            logged = [(e.user_message or "", e.timestamp) for e in instance.all_logs(run.run_id)]
+            starts = [t for m, t in logged if m.startswith("realtime: starting")]
+            if starts:
+                launched = instance.get_run_stats(run.run_id).launch_time or switched
+                break
+        else:
+            raise RuntimeError(f"no realtime run of {pipeline} started its query")
+    started = starts[0]
+    ready = next((t for m, t in logged if m.startswith("standby: Spark is up")), started)
+    return {
+        "gap_s": first_realtime - last_backlog,
+        "phase_change_s": switched - last_backlog,
+        "realtime_run_launched_s": launched - last_backlog,
+        "spark_ready_s": ready - last_backlog,
+        "query_started_s": started - last_backlog,
+        "first_batch_s": first_realtime - started,
+    }
 
 
 if __name__ == "__main__":
