@@ -216,16 +216,23 @@ def test_a_later_backlog_run_sizes_its_first_chunk_by_the_rate_the_one_before_le
     assert any("the first sized by the previous backlog run's" in m for m in messages), messages
 
 
-def start_phase(defs: Path, data: Path, phase: str = "backlog") -> subprocess.Popen[str]:
-    """Run ``backlog-dagster pipeline <phase> defs.yaml`` in its own process group."""
+def start_phase(
+    defs: Path, data: Path, phase: str = "backlog", temp: Path | None = None
+) -> subprocess.Popen[str]:
+    """Run ``backlog-dagster pipeline <phase> defs.yaml`` in its own process group;
+    ``temp``: its temporary folders' place (the realtime query's checkpoint is one)."""
     cli = str(Path(sys.executable).with_name("backlog-dagster"))
+    env = {**os.environ, "BACKLOG_DAGSTER_DATA": str(data), "COLUMNS": "200"}
+    if temp is not None:
+        temp.mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = str(temp)
     return subprocess.Popen(
         [cli, "pipeline", phase, str(defs)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        env={**os.environ, "BACKLOG_DAGSTER_DATA": str(data), "COLUMNS": "200"},
+        env=env,
     )
 
 

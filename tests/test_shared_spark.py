@@ -41,7 +41,7 @@ from tests.pipelines import (
     write_defs,
 )
 from tests.test_backlog import kill_all, start_phase, wait_for
-from tests.test_realtime import reached
+from tests.test_realtime import assert_checkpoint_written_without_checksums, reached
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +110,11 @@ def test_on_spark_connect_a_dead_runs_query_commits_nothing_and_stops_and_the_ne
     assert all(after[b] <= at_kill[b] for b in after), ("the dead run's query went on", after)
     wait_for(lambda: not commit_workers(connect), timeout=60)  # and it stopped
 
-    rerun = start_phase(defs, tmp_path, phase="realtime")
+    rerun = start_phase(defs, tmp_path, phase="realtime", temp=tmp_path / "temp")
     wait_for(lambda: reached(config) == topic.latest_offsets(), timeout=180)
+    # The server wrote the query's checkpoint (on this machine) with the project's manager.
+    (checkpoint,) = (tmp_path / "temp").glob("realtime-checkpoint-*")
+    assert_checkpoint_written_without_checksums(checkpoint)
     workers = commit_workers(connect)
     assert workers, "the commits do not run on the Connect server"
     for pid in workers:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -63,15 +63,6 @@ def launch_jars() -> list[str]:
     unless the reader is built and the JDBC driver installed."""
     jars = [jar_path(), sqlite_jdbc()]
     return [str(jar) for jar in jars] if all(jar.is_file() for jar in jars) else []
-
-
-def with_launch_jars(settings: Mapping[str, str]) -> dict[str, str]:
-    """``settings`` with the reader's jars added to ``spark.jars`` (the user's kept)."""
-    jars = launch_jars()
-    if not jars:
-        return dict(settings)
-    given = [jar for jar in settings.get("spark.jars", "").split(",") if jar]
-    return {**settings, "spark.jars": ",".join([*given, *jars])}
 
 
 def build(log: Callable[[str], None] = print) -> Path:

@@ -61,6 +61,7 @@ from backlog_dagster.phases.watermark import judged_by_arrival
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation, Sink, SinkUnreachable
 from backlog_dagster.source import Source, open_source
+from backlog_dagster.spark import checkpoint_files
 from backlog_dagster.spark.session import (
     Reopen,
     connect_session_closed,
@@ -557,9 +558,10 @@ def _start_query(
     trigger = interval
     if 0 < interval <= PACED_UP_TO_S:
         stream, trigger = stream.option("microBatchInterval", str(interval)), 0
+    records = stream.load()
+    checkpoint_files.use_for_queries(records.sparkSession)
     writer = (
-        stream.load()
-        .writeStream.queryName(f"{config.name}_realtime")
+        records.writeStream.queryName(f"{config.name}_realtime")
         .foreachBatch(commit)
         .trigger(processingTime=f"{trigger} seconds")
         .option("checkpointLocation", str(checkpoint_dir))

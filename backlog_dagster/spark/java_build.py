@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import tempfile
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
@@ -21,6 +21,24 @@ def jar_path(source: Path, name: str) -> Path:
 
     digest = hashlib.sha256(source.read_bytes() + pyspark.__version__.encode()).hexdigest()
     return project_folder() / f"{name}-{digest[:16]}.jar"
+
+
+def built_on_first_use(source: Path, name: str) -> Path | None:
+    """``source``'s jar (``jar_path``), built now if it is not yet; None without a JDK."""
+    target = jar_path(source, name)
+    if not target.is_file():
+        if javac() is None:
+            return None
+        build_jar(source, target)
+    return target
+
+
+def with_jars(settings: Mapping[str, str], jars: Sequence[str]) -> dict[str, str]:
+    """``settings`` with ``jars`` added to ``spark.jars`` (the user's kept)."""
+    if not jars:
+        return dict(settings)
+    given = [jar for jar in settings.get("spark.jars", "").split(",") if jar]
+    return {**settings, "spark.jars": ",".join([*given, *jars])}
 
 
 def javac() -> str | None:

@@ -24,10 +24,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from backlog_dagster.log.jvm_reader import with_launch_jars
 from backlog_dagster.spark import compiler_priority, java_build
 from backlog_dagster.spark.home import launch_home
-from backlog_dagster.spark.session import LAUNCH_CONF, SESSION_CONF, with_driver_java_option
+from backlog_dagster.spark.session import (
+    LAUNCH_CONF,
+    SESSION_CONF,
+    with_driver_java_option,
+    with_project_jars,
+)
 
 #: The project's Connect server (``jvm/ConnectServer.java``): Spark's own service, its
 #: sessions sharing Spark's compiled code and Python workers; Spark's own server where
@@ -119,24 +123,14 @@ def start_connect_server(
         "spark.pyspark.python": sys.executable,
         **conf,
     }
-    settings = with_launch_jars(with_driver_java_option(settings, compiler_priority.JAVA_OPTION))
-    jar = server_jar()
+    settings = with_project_jars(with_driver_java_option(settings, compiler_priority.JAVA_OPTION))
+    jar = java_build.built_on_first_use(SERVER_SOURCE, "connect-server")
     command = ["bin/spark-submit", "--class", SPARK_SERVER_CLASS if jar is None else SERVER_CLASS]
     command += ["--name", "backlog-dagster", "--master", master]
     for key, value in settings.items():
         command += ["--conf", f"{key}={value}"]
     command += ["spark-internal" if jar is None else str(jar)]
     return _start("connect server", f"sc://{host}:{port}", port, command, folder)
-
-
-def server_jar() -> Path | None:
-    """The project's Connect server, built on first use; None without a JDK."""
-    target = java_build.jar_path(SERVER_SOURCE, "connect-server")
-    if not target.is_file():
-        if java_build.javac() is None:
-            return None
-        java_build.build_jar(SERVER_SOURCE, target)
-    return target
 
 
 def start_master(port: int, folder: Path, host: str = "127.0.0.1") -> SparkServer:
