@@ -7,7 +7,8 @@ backlog, then records appended at 20,000 records/s for ``seconds``; per record, 
 time from its append to its result being visible in the SQLite sink. Each variant in
 ``VARIANTS`` (customer_totals as before the cuts the breakdown pointed to, each cut, the
 shipped settings at three intervals; the two windowed pipelines at 0.5 s; customer_totals
-with Spark's default checkpoint file manager; all three example pipelines' queries side by
+with Spark's default checkpoint file manager, and with its file-system one (alone and
+with the other two pipelines); all three example pipelines' queries side by
 side in the one session, as under ``dagster dev`` they share the machine) runs ``repeat``
 times, alternating, each on a fresh log and sink; ``--variant`` picks some. "Before"
 keeps the other cut (no observation where the log's index answers), which no setting
@@ -39,9 +40,15 @@ from report import machine_line, publish
 from run import PRESETS, _latency_at, machine
 
 from backlog_dagster.phases import micro_batch
+from backlog_dagster.spark import checkpoint_files
 
 READ_HERE = micro_batch.READ_HERE_MAX_RECORDS
 ONE_TASK = micro_batch.ONE_TASK_MAX_RECORDS
+USE_FOR_QUERIES = checkpoint_files.use_for_queries
+
+
+def _spark_s_manager(spark: object) -> None:
+    """A query keeps the session's manager: Spark's file-system one, as before."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,9 @@ class Variant:
     pipelines: tuple[str, ...] = ("customer_totals",)
     #: Session settings over the project's while the variant runs.
     session_conf: dict[str, str] = field(default_factory=dict)
+    #: Whether a query writes its checkpoint with the project's manager, where Spark's
+    #: file-system one would start a ``chmod`` process per file (``spark.checkpoint_files``).
+    project_checkpoint_files: bool = True
 
 
 #: Spark's own default for checkpoint files, before the project set the FileSystem one.
@@ -68,10 +78,20 @@ FILE_CONTEXT = {
     )
 }
 
+#: Spark's file-system manager, which a query keeps when the project's is not swapped in
+#: (the project's session default; once a query took the project's, the session names it).
+FILE_SYSTEM = {checkpoint_files.SETTING: checkpoint_files.SPARK_MANAGER}
+
 ALL_THREE = ("customer_totals", "region_minutes", "region_daily")
 
 VARIANTS: dict[str, Variant] = {
     "0.5 s, Spark's default checkpoint files (before)": Variant(0.5, session_conf=FILE_CONTEXT),
+    "0.5 s, Spark's file-system checkpoint files (before)": Variant(
+        0.5, session_conf=FILE_SYSTEM, project_checkpoint_files=False
+    ),
+    "all three at once, 0.5 s, Spark's file-system checkpoint files (before)": Variant(
+        0.5, pipelines=ALL_THREE, session_conf=FILE_SYSTEM, project_checkpoint_files=False
+    ),
     "0.5 s, Spark's scan, 4 partitions (before)": Variant(
         0.5, {"shuffle_partitions": 4}, read_here=False
     ),
@@ -113,6 +133,9 @@ def main() -> None:
                     READ_HERE if variant.read_here else {False: -1, True: -1}
                 )
                 micro_batch.ONE_TASK_MAX_RECORDS = ONE_TASK if variant.one_task else -1
+                checkpoint_files.use_for_queries = (
+                    USE_FOR_QUERIES if variant.project_checkpoint_files else _spark_s_manager
+                )
                 before = {key: spark.conf.get(key) for key in variant.session_conf}
                 for key, value in variant.session_conf.items():
                     spark.conf.set(key, value)
