@@ -25,7 +25,6 @@ reads through the Python data source as before.
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -83,17 +82,9 @@ def build(log: Callable[[str], None] = print) -> Path:
     return target
 
 
-#: Per session, whether its Spark has the reader on its classpath.
-_sessions: weakref.WeakKeyDictionary[SparkSession, bool] = weakref.WeakKeyDictionary()
-
-
 def on(spark: SparkSession) -> bool:
-    """Whether ``spark``'s Spark was launched with this reader (one look-up a session:
-    on Spark Connect a round trip)."""
-    if spark not in _sessions:
-        jars = spark.conf.get("spark.jars", "") or ""
-        _sessions[spark] = jar_path().name in jars
-    return _sessions[spark]
+    """Whether ``spark``'s Spark was launched with this reader."""
+    return java_build.launched_with(spark, jar_path())
 
 
 def read(

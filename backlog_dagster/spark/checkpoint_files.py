@@ -20,7 +20,6 @@ default (``use_for_queries``).
 
 from __future__ import annotations
 
-import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +29,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 SOURCE = Path(__file__).with_name("jvm") / "LocalCheckpointFiles.java"
+JAR_NAME = "checkpoint-files"
 MANAGER = "backlogdagster.spark.LocalCheckpointFiles"
 #: The session setting Spark takes a query's checkpoint manager from, as the query starts.
 SETTING = "spark.sql.streaming.checkpointFileManagerClass"
@@ -41,12 +41,8 @@ SPARK_MANAGER = (
 
 def launch_jars() -> list[str]:
     """The jar a Spark this project launches gets: none without a JDK to build it."""
-    jar = java_build.built_on_first_use(SOURCE, "checkpoint-files")
+    jar = java_build.built_on_first_use(SOURCE, JAR_NAME)
     return [] if jar is None else [str(jar)]
-
-
-#: Per session, whether its Spark was launched with the manager's jar.
-_sessions: weakref.WeakKeyDictionary[SparkSession, bool] = weakref.WeakKeyDictionary()
 
 
 def use_for_queries(spark: SparkSession) -> None:
@@ -54,8 +50,6 @@ def use_for_queries(spark: SparkSession) -> None:
     with this manager, when its Spark has it and the session names Spark's manager (a
     user's own choice of manager stays). On Spark Connect, round trips: the jars once per
     session, then the setting."""
-    if spark not in _sessions:
-        jars = spark.conf.get("spark.jars", "") or ""
-        _sessions[spark] = java_build.jar_path(SOURCE, "checkpoint-files").name in jars
-    if _sessions[spark] and spark.conf.get(SETTING, None) == SPARK_MANAGER:
+    launched = java_build.launched_with(spark, java_build.jar_path(SOURCE, JAR_NAME))
+    if launched and spark.conf.get(SETTING, None) == SPARK_MANAGER:
         spark.conf.set(SETTING, MANAGER)

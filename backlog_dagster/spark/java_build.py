@@ -1,20 +1,29 @@
 """The project's own Java classes, each source compiled against PySpark's jars into a
-jar of its own, once per source and PySpark (in ``spark.home.project_folder``)."""
+jar of its own, once per source and PySpark (in ``spark.home.project_folder``); the
+jars a Spark is launched with, and whether a session's Spark has one."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
+import weakref
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
+@functools.cache
 def jar_path(source: Path, name: str) -> Path:
-    """Where ``source`` built for this PySpark belongs: ``name`` and a digest of both."""
+    """Where ``source`` built for this PySpark belongs: ``name`` and a digest of both
+    (worked out once a process: a read asks for every micro-batch)."""
     import pyspark
 
     from backlog_dagster.spark.home import project_folder
@@ -39,6 +48,18 @@ def with_jars(settings: Mapping[str, str], jars: Sequence[str]) -> dict[str, str
         return dict(settings)
     given = [jar for jar in settings.get("spark.jars", "").split(",") if jar]
     return {**settings, "spark.jars": ",".join([*given, *jars])}
+
+
+#: Per session, the jars its Spark was launched with (``spark.jars``).
+_launch_jars: weakref.WeakKeyDictionary[SparkSession, str] = weakref.WeakKeyDictionary()
+
+
+def launched_with(spark: SparkSession, jar: Path) -> bool:
+    """Whether ``spark``'s Spark was launched with ``jar`` (one look-up a session: on
+    Spark Connect a round trip)."""
+    if spark not in _launch_jars:
+        _launch_jars[spark] = spark.conf.get("spark.jars", "") or ""
+    return jar.name in _launch_jars[spark]
 
 
 def javac() -> str | None:
