@@ -49,7 +49,8 @@ def use_for_queries(spark: SparkSession) -> None:
     """Have the streaming queries ``spark`` starts from now on write their checkpoints
     with this manager, when its Spark has it and the session names Spark's manager (a
     user's own choice of manager stays). On Spark Connect, round trips: the jars once per
-    session, then the setting."""
+    session (``java_build.launched_with``), then reading the setting and, the first
+    time, setting it."""
     launched = java_build.launched_with(spark, java_build.jar_path(SOURCE, JAR_NAME))
     if launched and spark.conf.get(SETTING, None) == SPARK_MANAGER:
         spark.conf.set(SETTING, MANAGER)
