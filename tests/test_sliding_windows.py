@@ -244,3 +244,57 @@ def test_sliding_windows_in_backlog_then_realtime_equal_the_oracle(
     )
     assert any(e > too_late[10**9] for e in partly_windows)
     assert any(e <= too_late[10**9] for e in partly_windows)
+
+
+def test_each_micro_batch_s_late_windows_compile_no_new_code(spark: SparkSession) -> None:
+    """The windows records came too late for are left out by their (bucket, offset,
+    window start) as data: a micro-batch with other late records than the last one's
+    runs the code Spark generated for it, where a filter naming them had Spark compile
+    new code each time (it writes a literal's value into the code); and the rows left
+    out are exactly those windows'."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    compilations = jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    n, slide_us, size_us = 600, SLIDE_S * 1_000_000, SIZE_S * 1_000_000
+    base = 1_700_000_040_000_000  # a multiple of the slide
+    records = pa.table(
+        {
+            "k": pa.array(["a", "b", "c"] * (n // 3), pa.string()),
+            "ts": pa.array(base + np.arange(n) * 100_000, pa.int64()).cast(TIMESTAMP),
+            "v": pa.array(np.ones(n)),
+            BUCKET_COLUMN: pa.array(np.arange(n) % 2, pa.int32()),
+            OFFSET_COLUMN: pa.array(np.arange(n), pa.int64()),
+        }
+    )
+    config = PipelineConfig.model_validate(
+        {
+            "name": "late_windows",
+            "source": {"path": "unused", "event_time": "ts"},
+            "transform": {
+                "keys": ["k"],
+                "window": {"size": f"{SIZE_S}s", "slide": f"{SLIDE_S}s"},
+                "aggregations": [{"name": "n", "function": "count"}],
+            },
+            "sink": {"path": "unused.sqlite", "table": "late_windows"},
+        }
+    )
+    batch = spark.createDataFrame(records)
+    # Every record here falls in the windows starting at base - 2 slides, - 1 and + 0.
+    first_end = base - 2 * slide_us + size_us
+
+    def counts(late: dict[tuple[int, int], list[int]]) -> dict[tuple[str, int], int]:
+        rows = partial_results(batch, config, late_windows=late).collect()
+        return {(r["k"], int(r["window_start"].timestamp() * 1e6)): r["n"] for r in rows}
+
+    everything = counts({(0, first_end): [-1]})
+    before = compilations.getCount()
+    late = {(0, first_end): [0, 2, 4], (1, first_end + slide_us): [1, 3]}
+    got = counts(late)
+    assert compilations.getCount() == before
+    # Offsets 0, 3 are key a, 1, 4 key b, 2 key c (offset % 3).
+    start = base - 2 * slide_us
+    expected = dict(everything)
+    for key, window_start in [("a", start), ("c", start), ("b", start), ("b", start + slide_us)]:
+        expected[key, window_start] -= 1
+    expected["a", start + slide_us] -= 1
+    assert got == expected

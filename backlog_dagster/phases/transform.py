@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import math
-import operator
 import re
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -336,7 +334,7 @@ def partial_results(
             return _by_panes(records.withColumn(DEAD_LETTER, parts.letter), config, parts)
         # A row per window a record falls in; a bad record's rows are one dead letter.
         records = with_sliding_windows(records, config)
-        records = records.where(~_in_windows(late_windows, transform.window.size_us))
+        records = _without_late_windows(records, late_windows, transform.window.size_us)
         records = records.withColumn(DEAD_LETTER, parts.letter)
     return records.groupBy(*parts.group).agg(*parts.aggregates)
 
@@ -522,17 +520,22 @@ def with_sliding_windows(records: DataFrame, config: PipelineConfig) -> DataFram
     Windows start at multiples of the slide, as Spark's ``window`` places them. Built
     here rather than with ``window(…, slide)``, whose rows for a record without an event
     time are filtered out: that record keeps one row (a null start), so it reaches the
-    dead-letter table."""
+    dead-letter table.
+
+    Written as SQL text so that its lambda's variable has one name: PySpark names each
+    lambda it builds anew (``x_1``, ``x_2``, ...), the name goes into the code Spark
+    generates, and every micro-batch with late records (the only ones planned this way
+    in realtime) had new code to compile."""
     from pyspark.sql import functions as F
 
     window = config.transform.window
     assert window is not None and window.slide is not None
     size_us, slide_us = window.size_us, window.slide_us
-    at = F.unix_micros(F.col(config.source.event_time))
-    last = at - F.pmod(at, F.lit(slide_us))
-    earliest = last - F.lit((math.ceil(size_us / slide_us) - 1) * slide_us)
-    starts = F.filter(F.sequence(earliest, last, F.lit(slide_us)), lambda s: s + size_us > at)
-    return records.withColumn(SLIDE_START, F.explode_outer(starts))
+    at = f"unix_micros({sql.name(config.source.event_time)})"
+    last = f"({at} - pmod({at}, {slide_us}))"
+    earliest = f"({last} - {(math.ceil(size_us / slide_us) - 1) * slide_us})"
+    starts = f"filter(sequence({earliest}, {last}, {slide_us}), s -> s + {size_us} > {at})"
+    return records.withColumn(SLIDE_START, F.explode_outer(F.expr(starts)))
 
 
 def window_ends(event_time_us: int, window: WindowConfig) -> list[int]:
@@ -553,18 +556,32 @@ def earliest_window_ends(event_times_us: np.ndarray, window: WindowConfig) -> np
     return np.where(first > event_times_us, first, first + slide_us)
 
 
-def _in_windows(late: LateWindows, size_us: int) -> Column:
+def _without_late_windows(records: DataFrame, late: LateWindows, size_us: int) -> DataFrame:
+    """``records``' rows per sliding window without those of the windows some of them
+    came too late for: an anti-join with those (bucket, offset, window start) as data.
+
+    Not a filter naming them: Spark writes a literal's value into the code it generates,
+    so a filter of this micro-batch's offsets and window ends was new code to compile
+    (two classes, 10 to 18 ms each on a Connect server) in every micro-batch with late
+    records, run before the JIT ever saw it; the join's code is the same every time."""
     from pyspark.sql import functions as F
 
-    end = F.col(SLIDE_START) + F.lit(size_us)
-    conditions = []
-    for (bucket, window_end_us), offsets in late.items():
-        conditions.append(
-            (F.col(BUCKET_COLUMN) == bucket)
-            & (end == F.lit(window_end_us))
-            & F.col(OFFSET_COLUMN).isin(list(offsets))
-        )
-    return functools.reduce(operator.or_, conditions)
+    buckets: list[int] = []
+    offsets: list[int] = []
+    starts: list[int] = []
+    for (bucket, window_end_us), late_offsets in late.items():
+        buckets += [bucket] * len(late_offsets)
+        offsets += late_offsets
+        starts += [window_end_us - size_us] * len(late_offsets)
+    too_late = pa.table(
+        {
+            BUCKET_COLUMN: pa.array(buckets, pa.int32()),
+            OFFSET_COLUMN: pa.array(offsets, pa.int64()),
+            SLIDE_START: pa.array(starts, pa.int64()),
+        }
+    )
+    rows = records.sparkSession.createDataFrame(too_late)
+    return records.join(F.broadcast(rows), [BUCKET_COLUMN, OFFSET_COLUMN, SLIDE_START], "left_anti")
 
 
 def earliest_window_end(config: PipelineConfig) -> Column:
