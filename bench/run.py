@@ -63,7 +63,7 @@ from backlog_dagster.log.workload import (
     ORDERS_TIMESTAMP,
     produce_backlog,
 )
-from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.pipeline.config import PipelineConfig, WindowConfig
 from backlog_dagster.pipeline.load import load_pipeline
 from backlog_dagster.pipeline.paths import with_paths_under
 from backlog_dagster.sink import open_sink
@@ -283,12 +283,13 @@ def _latency_at(
     realtime_settings: dict[str, Any] | None = None,
     name: str = "",
     pipelines: tuple[str, ...] = ("customer_totals",),
+    window: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Append → visible per record at ``interval`` s micro-batches (and any other
     ``realtime`` settings) of example ``pipelines`` (their realtime queries side by side
-    in the one session, over one log and sink), with where each micro-batch spent its
-    time and the CPU this process and its children (Spark's JVM and Python workers)
-    took while records were appended."""
+    in the one session, over one log and sink; ``window``: another ``transform.window``
+    for each), with where each micro-batch spent its time and the CPU this process and
+    its children (Spark's JVM and Python workers) took while records were appended."""
     import psutil
 
     from backlog_dagster.phases.backlog import run_backlog
@@ -300,7 +301,11 @@ def _latency_at(
     configs = []
     for pipeline in pipelines:
         config = _example(folder, pipeline)
-        update = {"realtime": config.realtime.model_copy(update=settings)}
+        update: dict[str, Any] = {"realtime": config.realtime.model_copy(update=settings)}
+        if window is not None:
+            update["transform"] = config.transform.model_copy(
+                update={"window": WindowConfig.model_validate(window)}
+            )
         configs.append(config.model_copy(update=update))
     breakdown = MicroBatchBreakdown()
     breakdown.listen(spark)
