@@ -4,6 +4,7 @@ realtime, and a record late for some of its windows still counts in the others."
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -123,6 +124,20 @@ def test_records_read_here_give_the_late_candidates_spark_gives(
         assert here.sort_by("offset").to_pylist() == there.sort_by("offset").to_pylist()
 
 
+def keyed_by_k(
+    name: str, window: dict[str, str], aggregations: list[dict[str, Any]]
+) -> PipelineConfig:
+    """A pipeline over records held in memory: keyed by ``k``, event time ``ts``."""
+    return PipelineConfig.model_validate(
+        {
+            "name": name,
+            "source": {"path": "unused", "event_time": "ts"},
+            "transform": {"keys": ["k"], "window": window, "aggregations": aggregations},
+            "sink": {"path": "unused.sqlite", "table": name},
+        }
+    )
+
+
 @pytest.mark.parametrize(
     "window", [{"size": "60s", "slide": "20s"}, {"size": "50s", "slide": "20s"}]
 )
@@ -151,25 +166,18 @@ def test_by_panes_the_partials_are_those_of_a_row_per_window(
             OFFSET_COLUMN: pa.array(np.arange(n), pa.int64()),
         }
     )
-    config = PipelineConfig.model_validate(
-        {
-            "name": "panes",
-            "source": {"path": "unused", "event_time": "ts"},
-            "transform": {
-                "keys": ["k"],
-                "window": window,
-                "aggregations": [
-                    {"name": "n", "function": "count"},
-                    {"name": "total", "function": "sum", "column": "v"},
-                    {"name": "low", "function": "min", "column": "v"},
-                    {"name": "high", "function": "max", "column": "v"},
-                    {"name": "mean", "function": "avg", "column": "v"},
-                    {"name": "who", "function": "count_distinct", "column": "who"},
-                    {"name": "v", "function": "quantiles", "column": "v", "quantiles": [0.5]},
-                ],
-            },
-            "sink": {"path": "unused.sqlite", "table": "panes"},
-        }
+    config = keyed_by_k(
+        "panes",
+        window,
+        [
+            {"name": "n", "function": "count"},
+            {"name": "total", "function": "sum", "column": "v"},
+            {"name": "low", "function": "min", "column": "v"},
+            {"name": "high", "function": "max", "column": "v"},
+            {"name": "mean", "function": "avg", "column": "v"},
+            {"name": "who", "function": "count_distinct", "column": "who"},
+            {"name": "v", "function": "quantiles", "column": "v", "quantiles": [0.5]},
+        ],
     )
     batch = spark.createDataFrame(records)
     by_panes = partial_results(batch, config)
@@ -266,17 +274,10 @@ def test_each_micro_batch_s_late_windows_compile_no_new_code(spark: SparkSession
             OFFSET_COLUMN: pa.array(np.arange(n), pa.int64()),
         }
     )
-    config = PipelineConfig.model_validate(
-        {
-            "name": "late_windows",
-            "source": {"path": "unused", "event_time": "ts"},
-            "transform": {
-                "keys": ["k"],
-                "window": {"size": f"{SIZE_S}s", "slide": f"{SLIDE_S}s"},
-                "aggregations": [{"name": "n", "function": "count"}],
-            },
-            "sink": {"path": "unused.sqlite", "table": "late_windows"},
-        }
+    config = keyed_by_k(
+        "late_windows",
+        {"size": f"{SIZE_S}s", "slide": f"{SLIDE_S}s"},
+        [{"name": "n", "function": "count"}],
     )
     batch = spark.createDataFrame(records)
     # Every record here falls in the windows starting at base - 2 slides, - 1 and + 0.
