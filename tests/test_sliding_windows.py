@@ -299,3 +299,41 @@ def test_each_micro_batch_s_late_windows_compile_no_new_code(spark: SparkSession
         expected[key, window_start] -= 1
     expected["a", start + slide_us] -= 1
     assert got == expected
+
+
+def test_a_warm_realtime_query_compiles_no_new_code_for_its_late_records(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """Once warm, a realtime query's micro-batches run the code Spark generated for the
+    first ones, whatever late records each holds: nothing a micro-batch plans may carry
+    its own values as literals (Spark would compile new code for every one)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    compilations = jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    topic = make_topic(records=6_000, buckets=1)
+    config = in_chunks(tmp_path, SLIDING, "bands")
+    with open_sink(config) as sink:
+        run_backlog(spark, config, sink, log=print)
+    with Topic(topic.path) as log:
+        newest = records_up_to(log, log.latest_offsets())["event_time"].max()
+    runner = RealtimeThread(spark, config, tmp_path / "checkpoint")
+    runner.start()
+    counts = []
+    try:
+        for round_ in range(6):
+            # On time, and late for a window that closed: each round another record.
+            rows = records_up_to(topic, topic.latest_offsets()).iloc[[round_, round_ + 10]]
+            late_by = pd.Timedelta(seconds=50 + 5 * round_)
+            rows = rows.assign(
+                order_id=[10**9 + 2 * round_, 10**9 + 2 * round_ + 1],
+                event_time=[newest - pd.Timedelta(seconds=1), newest - late_by],
+            )
+            topic.append(0, pa.Table.from_pandas(rows, preserve_index=False))
+            wait_for(lambda: reached(config) == topic.latest_offsets(), timeout=120)
+            counts.append(compilations.getCount())
+    finally:
+        runner.stop()
+    with open_sink(config) as sink:
+        assert len(sink.read_late().to_pandas()) == 6
+    # The first micro-batches plan each path once; the last three add nothing.
+    assert counts[-1] == counts[2], counts
