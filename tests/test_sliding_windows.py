@@ -15,6 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from backlog_dagster.log import Topic
 from backlog_dagster.log.schema import TIMESTAMP
+from backlog_dagster.phases import micro_batch
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.bad_records import DEAD_LETTER
 from backlog_dagster.phases.micro_batch import _late_candidates
@@ -301,12 +302,20 @@ def test_each_micro_batch_s_late_windows_compile_no_new_code(spark: SparkSession
     assert got == expected
 
 
+@pytest.mark.parametrize("read_here", [True, False])
 def test_a_warm_realtime_query_compiles_no_new_code_for_its_late_records(
-    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
+    spark: SparkSession,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    read_here: bool,
 ) -> None:
     """Once warm, a realtime query's micro-batches run the code Spark generated for the
     first ones, whatever late records each holds: nothing a micro-batch plans may carry
-    its own values as literals (Spark would compile new code for every one)."""
+    its own values as literals (Spark would compile new code for every one). Whether its
+    records are read where it commits or by Spark's scan (a large micro-batch)."""
+    if not read_here:
+        monkeypatch.setattr(micro_batch, "READ_HERE_MAX_RECORDS", {False: -1, True: -1})
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     compilations = jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
@@ -321,12 +330,12 @@ def test_a_warm_realtime_query_compiles_no_new_code_for_its_late_records(
     counts = []
     try:
         for round_ in range(6):
-            # On time, and late for a window that closed: each round another record.
+            # On time (the watermark moves on), and late for a window that closed.
             rows = records_up_to(topic, topic.latest_offsets()).iloc[[round_, round_ + 10]]
             late_by = pd.Timedelta(seconds=50 + 5 * round_)
             rows = rows.assign(
                 order_id=[10**9 + 2 * round_, 10**9 + 2 * round_ + 1],
-                event_time=[newest - pd.Timedelta(seconds=1), newest - late_by],
+                event_time=[newest + pd.Timedelta(seconds=round_), newest - late_by],
             )
             topic.append(0, pa.Table.from_pandas(rows, preserve_index=False))
             wait_for(lambda: reached(config) == topic.latest_offsets(), timeout=120)

@@ -567,10 +567,14 @@ def _late_candidates(
             }
         )
     window_end = earliest_window_end(config)
-    closes = F.coalesce(window_end <= F.timestamp_micros(F.lit(highest)), F.lit(False))
+    # The watermark joins as a row, not a literal: Spark writes a literal's value into the
+    # code it generates, which would be new code to compile every micro-batch.
+    mark = batch.sparkSession.createDataFrame(pa.table({HIGHEST: pa.array([highest], pa.int64())}))
+    closes = F.coalesce(window_end <= F.timestamp_micros(F.col(HIGHEST)), F.lit(False))
     arrival_us = F.unix_micros(F.col(APPENDED_COLUMN)) if by_arrival else F.lit(ANY_ARRIVAL)
     return (
-        batch.where(closes)
+        batch.crossJoin(F.broadcast(mark))
+        .where(closes)
         .select(
             F.col(BUCKET_COLUMN).alias("bucket"),
             F.col(OFFSET_COLUMN).alias("offset"),
@@ -580,6 +584,10 @@ def _late_candidates(
         )
         .toArrow()
     )
+
+
+#: The column the largest watermark joins a micro-batch's records in (µs).
+HIGHEST = "_highest_watermark_us"
 
 
 def _utc_micros(kind: pa.DataType) -> bool:
