@@ -567,14 +567,14 @@ def _late_candidates(
             }
         )
     window_end = earliest_window_end(config)
-    # The watermark joins as a row, not a literal: Spark writes a literal's value into the
-    # code it generates, which would be new code to compile every micro-batch.
-    mark = batch.sparkSession.createDataFrame(pa.table({HIGHEST: pa.array([highest], pa.int64())}))
-    closes = F.coalesce(window_end <= F.timestamp_micros(F.col(HIGHEST)), F.lit(False))
+    # The watermark is a literal, which Spark writes into the code it generates: new code
+    # to compile every micro-batch as the watermark moves on. Joined as a one-row
+    # broadcast instead it took longer all the same (a 300,000-record batch: 135 ms
+    # against 109 ms with the compilations, medians of 35 in one warm local session).
+    closes = F.coalesce(window_end <= F.timestamp_micros(F.lit(highest)), F.lit(False))
     arrival_us = F.unix_micros(F.col(APPENDED_COLUMN)) if by_arrival else F.lit(ANY_ARRIVAL)
     return (
-        batch.crossJoin(F.broadcast(mark))
-        .where(closes)
+        batch.where(closes)
         .select(
             F.col(BUCKET_COLUMN).alias("bucket"),
             F.col(OFFSET_COLUMN).alias("offset"),
@@ -584,10 +584,6 @@ def _late_candidates(
         )
         .toArrow()
     )
-
-
-#: The column the largest watermark joins a micro-batch's records in (µs).
-HIGHEST = "_highest_watermark_us"
 
 
 def _utc_micros(kind: pa.DataType) -> bool:
