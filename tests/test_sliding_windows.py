@@ -261,15 +261,20 @@ def test_sliding_windows_in_backlog_then_realtime_equal_the_oracle(
     assert any(e <= too_late[10**9] for e in partly_windows)
 
 
+def spark_compilations(spark: SparkSession) -> Any:
+    """Spark's count of the classes it compiled for plans (``getCount()``), JVM-wide."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    return jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+
+
 def test_each_micro_batch_s_late_windows_compile_no_new_code(spark: SparkSession) -> None:
     """The windows records came too late for are left out by their (bucket, offset,
     window start) as data: a micro-batch with other late records than the last one's
     runs the code Spark generated for it, where a filter naming them had Spark compile
     new code each time (it writes a literal's value into the code); and the rows left
     out are exactly those windows'."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    compilations = jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    compilations = spark_compilations(spark)
     n, slide_us, size_us = 600, SLIDE_S * 1_000_000, SIZE_S * 1_000_000
     base = 1_700_000_040_000_000  # a multiple of the slide
     records = pa.table(
@@ -330,9 +335,7 @@ def test_a_warm_realtime_query_compiles_no_new_code_whatever_its_micro_batches_h
     literal on purpose (``micro_batch._late_candidates``: cheaper than any join)."""
     if not read_here:
         monkeypatch.setattr(micro_batch, "READ_HERE_MAX_RECORDS", {False: -1, True: -1})
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    compilations = jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    compilations = spark_compilations(spark)
     topic = make_topic(records=2_000, buckets=1)
     config = in_chunks(tmp_path, transform, "guarded")
     with open_sink(config) as sink:
