@@ -42,6 +42,7 @@ from backlog_dagster.phases.transform import (
     partial_results,
     watch_buckets,
     window_ends,
+    without_rows,
 )
 from backlog_dagster.phases.watermark import arrival_watermarks, judged_by_arrival
 from backlog_dagster.pipeline.config import PipelineConfig, WindowConfig
@@ -490,7 +491,6 @@ def _split_late(
     100 ms a micro-batch). ``as_arrow``: the batch as the Arrow table it was read
     into where the commit runs, if it was.
     """
-    from pyspark.sql import functions as F
 
     window = config.transform.window
     if window is None:
@@ -524,10 +524,8 @@ def _split_late(
     # An anti-join with the late records' ids: a filter naming each of them costs a
     # literal a record to build and to plan (measured: about 150 ms a micro-batch for
     # 60 late records).
-    ids = batch.sparkSession.createDataFrame(
-        late.select(["bucket", "offset"]).rename_columns([BUCKET_COLUMN, OFFSET_COLUMN])
-    )
-    return batch.join(F.broadcast(ids), [BUCKET_COLUMN, OFFSET_COLUMN], "left_anti"), late, None
+    ids = late.select(["bucket", "offset"]).rename_columns([BUCKET_COLUMN, OFFSET_COLUMN])
+    return without_rows(batch, ids), late, None
 
 
 def _late_candidates(

@@ -564,8 +564,6 @@ def _without_late_windows(records: DataFrame, late: LateWindows, size_us: int) -
     so a filter of this micro-batch's offsets and window ends was new code to compile
     (two classes, 10 to 18 ms each on a Connect server) in every micro-batch with late
     records, run before the JIT ever saw it; the join's code is the same every time."""
-    from pyspark.sql import functions as F
-
     buckets: list[int] = []
     offsets: list[int] = []
     starts: list[int] = []
@@ -580,8 +578,17 @@ def _without_late_windows(records: DataFrame, late: LateWindows, size_us: int) -
             SLIDE_START: pa.array(starts, pa.int64()),
         }
     )
-    rows = records.sparkSession.createDataFrame(too_late)
-    return records.join(F.broadcast(rows), [BUCKET_COLUMN, OFFSET_COLUMN, SLIDE_START], "left_anti")
+    return without_rows(records, too_late)
+
+
+def without_rows(records: DataFrame, rows: pa.Table) -> DataFrame:
+    """``records`` without those whose columns named in ``rows`` match one of its rows:
+    a broadcast anti-join with ``rows`` as data, whose generated code is the same
+    whatever they hold (a filter naming their values would be new code each time)."""
+    from pyspark.sql import functions as F
+
+    matching = records.sparkSession.createDataFrame(rows)
+    return records.join(F.broadcast(matching), rows.column_names, "left_anti")
 
 
 def earliest_window_end(config: PipelineConfig) -> Column:
