@@ -58,6 +58,42 @@ def test_backlog_equals_the_oracle_and_stops_at_the_markers(
     assert_same(results, customer_totals_oracle(records_up_to(topic, markers)), ["customer_id"])
 
 
+@pytest.mark.parametrize(
+    ("transform", "keys"),
+    [(CUSTOMER_TOTALS, ["customer_id"]), (REGION_MINUTES, ["region", "window_start"])],
+    ids=["customer_totals", "region_minutes"],
+)
+def test_a_chunk_that_took_under_half_the_interval_reads_on_and_commits_once(
+    spark: SparkSession,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    transform: dict[str, Any],
+    keys: list[str],
+) -> None:
+    """A first backlog's first job is sized before any was timed: when it is short, the
+    chunk reads on in another job, and the two jobs' results commit once, merged."""
+    from backlog_dagster.phases import chunks
+
+    monkeypatch.setattr(chunks, "FIRST_CHUNK_RECORDS", 15_000)
+    topic = make_topic(records=60_000, buckets=4)
+    config = pipeline(tmp_path, transform, backlog={"checkpoint_interval": 60})
+    with open_sink(config) as sink:
+        report = run_backlog(spark, config, sink, log=print)
+        results = sink.read_results().to_pandas()
+    # The second job is sized to the rest of the minute: it takes what is left.
+    assert [records for records, _ in report.job_timings] == [15_000, 45_000]
+    assert report.chunks == 1 and [n for n, _ in report.chunk_timings] == [60_000]
+    records = records_up_to(topic, topic.latest_offsets())
+    oracle = (
+        customer_totals_oracle(records)
+        if transform is CUSTOMER_TOTALS
+        else region_minutes_oracle(records)
+    )
+    assert_same(results, oracle, keys)
+    assert report.rows_written == len(oracle)
+
+
 def test_records_that_arrived_during_the_backlog_are_read_in_batch_too(
     spark: SparkSession, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
@@ -205,14 +241,14 @@ def test_a_later_backlog_run_sizes_its_first_chunk_by_the_rate_the_one_before_le
     with open_sink(config) as sink:
         assert previous_chunk_rate(sink) is None
         first = run_backlog(spark, config, sink, checkpoint_interval=0.04, log=print)
-        assert len(first.chunk_timings) >= 2
+        assert len(first.job_timings) >= 2
         rate = previous_chunk_rate(sink)
-        assert rate == pytest.approx(chunk_rate(first.chunk_timings))
+        assert rate == pytest.approx(chunk_rate(first.job_timings))
         reset(sink, topic, config, "test reset", print)
         second = run_backlog(spark, config, sink, checkpoint_interval=0.04, log=messages.append)
     assert second.previous_chunk_rate == rate and second.rows_read == 100_000
     assert rate is not None
-    assert second.chunk_timings[0][0] == next_chunk_records(0.04, [], 100_000, rate)
+    assert second.job_timings[0][0] == next_chunk_records(0.04, [], 100_000, rate)
     assert any("the first sized by the previous backlog run's" in m for m in messages), messages
 
 

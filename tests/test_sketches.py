@@ -70,3 +70,18 @@ def test_sketches_merge_across_chunks_and_the_switch_within_their_bounds(
     wait_for(lambda: reached(config) == topic.latest_offsets(), timeout=120)
     runner.stop()
     sketched(config, topic)
+
+
+def test_sketches_of_a_chunks_jobs_merge_before_its_commit(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk read by two Spark jobs (its first one short) commits their sketches unioned."""
+    from backlog_dagster.phases import chunks
+
+    monkeypatch.setattr(chunks, "FIRST_CHUNK_RECORDS", 10_000)
+    topic = make_topic(records=30_000, buckets=2)
+    config = pipeline(tmp_path, SKETCHED, name="sketched", backlog={"checkpoint_interval": 60})
+    with open_sink(config) as sink:
+        report = run_backlog(spark, config, sink, log=print)
+    assert len(report.job_timings) == 2 and report.chunks == 1
+    assert sketched(config, topic) > 0

@@ -7,8 +7,9 @@ once per chunk. No watermark: event-time windows take every record, however late
 - ``checkpoint_interval == 0``: one chunk, the whole backlog, committed once at the end.
   A failure leaves nothing in the sink and the next run starts from the start.
 - ``checkpoint_interval > 0``: chunks sized to take about that long, and at least about
-  2 s (``phases.chunks``, from the latest chunks' timings); each chunk's results and
-  progress commit together, and a failure resumes from the last commit. A chunk commits
+  2 s (``phases.chunks``, from the latest Spark jobs' timings; a chunk that took under
+  half the interval reads on in another job, their results merged); each chunk's
+  results and progress commit together, and a failure resumes from the last commit. A chunk commits
   on a thread of its own while the next chunk's Spark job runs (the sink is used by one
   thread at a time), so the sink's commit does not add to each chunk's time; chunks
   still commit in order, and the next one is counted only once the one before is in.
@@ -47,8 +48,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from backlog_dagster.phases.background import in_background
-from backlog_dagster.phases.bad_records import Aggregated, collect, refuse_bad_records
-from backlog_dagster.phases.chunks import chunk_rate, next_chunk_records
+from backlog_dagster.phases.bad_records import Aggregated, collect, merged, refuse_bad_records
+from backlog_dagster.phases.chunks import chunk_rate, goes_on, next_chunk_records
 from backlog_dagster.phases.lock import exclusive_run
 from backlog_dagster.phases.markers import current_generation, extend_markers
 from backlog_dagster.phases.progress import RunProgress, previous_chunk_rate
@@ -61,6 +62,7 @@ from backlog_dagster.phases.transform import (
 )
 from backlog_dagster.phases.truncation import handle_truncation, removed_unread
 from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.pipeline.results import layout_of
 from backlog_dagster.sink import BucketState, Generation, Sink, open_sink
 from backlog_dagster.source import Source, open_source
 from backlog_dagster.spark.session import (
@@ -101,8 +103,12 @@ class BacklogReport:
     skipped_records: int = 0
     chunks: int = 0
     seconds: float = 0.0
-    #: Each chunk read: (records, seconds from the start of its Spark job until the next
-    #: chunk's job could start: the job, and any wait for the chunk before to commit).
+    #: Each Spark job: (records, seconds from its start until the next job could start:
+    #: the job, and any wait for the chunk before to commit). The next job is sized by
+    #: them (``phases.chunks``).
+    job_timings: list[tuple[int, float]] = field(default_factory=list)
+    #: Each chunk committed, read by one job or more: (records, seconds from the start of
+    #: its first job until the next chunk's could start).
     chunk_timings: list[tuple[int, float]] = field(default_factory=list)
     #: Each committed chunk's sink commit (s), made while the next chunk's job ran.
     chunk_commits_s: list[float] = field(default_factory=list)
@@ -281,7 +287,7 @@ def publishing_progress(
             arrival_per_s=max(0.0, arrival),
             chunk_rate=(
                 chunk_rate(timings)
-                if (timings := report.chunk_timings)
+                if (timings := report.job_timings)
                 else report.previous_chunk_rate
             ),
         )
@@ -335,18 +341,43 @@ def _read_to_markers(
             f"version {reference.version}"
         )
     tasks = one_chunk_read_tasks(left) if interval == 0 else None
+    layout = layout_of(config.transform)
+    joined = None if reference is None else reference.version
     committed = _Commits(report, log, realtime=_moved_to_realtime(sink, config))
+    #: The chunk being read, its commit still to come, when it reads on in another job.
+    reading: _Reading | None = None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="backlog-commit") as committer:
+
+        def commit(chunk: _Reading, generation: Generation) -> None:
+            """Commit ``chunk`` on the commit thread, once the chunk before it is in;
+            ``generation``: as it stands after it."""
+            committed.wait()
+            seconds = time.monotonic() - chunk.began
+            report.chunk_timings.append((chunk.records, seconds))
+            aggregated = merged(chunk.jobs, layout)
+            done = functools.partial(
+                _commit, sink, config, generation, chunk, aggregated, joined, seconds
+            )
+            committed.pending = _InFlight(committer.submit(done), aggregated)
+
         while left > 0 and not committed.realtime:
             budget = (
                 left
                 if interval == 0
                 else next_chunk_records(
-                    interval, report.chunk_timings, left, report.previous_chunk_rate
+                    interval,
+                    report.job_timings,
+                    left,
+                    report.previous_chunk_rate,
+                    0.0 if reading is None else time.monotonic() - reading.began,
                 )
             )
             with open_source(config) as topic:
-                if committed.pending is not None and removed_unread(generation, topic):
+                in_hand = committed.pending is not None or reading is not None
+                if in_hand and removed_unread(generation, topic):
+                    if reading is not None:  # what it read is good: in before the gap
+                        commit(reading, generation)
+                        reading = None
                     committed.wait()  # the sink moves past the gap after it
                 generation, skipped = _past_removed(sink, topic, config, generation, log)
             report.skipped_records += skipped
@@ -359,13 +390,16 @@ def _read_to_markers(
                 budget,
             )
             end = _within_held(config, start, {b: start[b] + grant[str(b)] for b in start})
-            chunk_started = time.monotonic()
+            job_started = time.monotonic()
             report.reading_since = report.reading_since or time.time()
             report.chunk = (start, end)
             try:
                 aggregated, event_times = _aggregate(spark, config, start, end, reference, tasks)
             except Exception:
                 report.chunk = None
+                if reading is not None:
+                    commit(reading, generation)
+                    reading = None
                 committed.wait()
                 # A range may have vanished under the job (retention): say so, or skip it.
                 with open_source(config) as topic:
@@ -382,23 +416,24 @@ def _read_to_markers(
             refuse_bad_records(config, aggregated.dead_letters)
             committed.wait()
             # Its job, and any wait for the chunk before it: when the next job can start.
-            seconds = time.monotonic() - chunk_started
-            report.chunk_timings.append((records, seconds))
+            report.job_timings.append((records, time.monotonic() - job_started))
             generation = _reached(generation, end)
             left = _left(generation)
-            commit = functools.partial(
-                _commit,
-                sink,
-                config,
-                generation,
-                start,
-                end,
-                aggregated,
-                event_times,
-                None if reference is None else reference.version,
-                seconds,
+            reading = (
+                _Reading(job_started, start, end, (aggregated,), event_times)
+                if reading is None
+                else reading.then(start, end, aggregated, event_times)
             )
-            committed.pending = _InFlight(committer.submit(commit), aggregated)
+            cut_short = any(end[b] < start[b] + grant[str(b)] for b in start)  # a hole
+            if (
+                left > 0
+                and not cut_short
+                and not committed.realtime
+                and goes_on(interval, time.monotonic() - reading.began)
+            ):
+                continue
+            commit(reading, generation)
+            reading = None
         committed.wait()
     if committed.realtime:
         log("backlog: the switch moved the pipeline to realtime; stopping here")
@@ -418,12 +453,49 @@ def _chunking(interval: float, report: BacklogReport) -> str:
     the previous backlog run's 2,400,000 records/s``."""
     if interval == 0:
         return "one chunk"
-    if report.chunk_timings or not report.previous_chunk_rate:
+    if report.job_timings or not report.previous_chunk_rate:
         return f"chunks of about {interval:g} s"
     return (
         f"chunks of about {interval:g} s, the first sized by the previous backlog run's "
         f"{report.previous_chunk_rate:,.0f} records/s"
     )
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """A chunk read so far by one or more Spark jobs, its commit still to come."""
+
+    #: When its first job started (``time.monotonic()``).
+    began: float
+    #: Per bucket, the offsets it starts and ends at.
+    start: dict[int, int]
+    end: dict[int, int]
+    jobs: tuple[Aggregated, ...]
+    #: Per bucket, the latest event time read.
+    event_times: dict[int, int | None]
+
+    @property
+    def records(self) -> int:
+        return sum(self.end[b] - self.start[b] for b in self.start)
+
+    def then(
+        self,
+        start: dict[int, int],
+        end: dict[int, int],
+        job: Aggregated,
+        event_times: dict[int, int | None],
+    ) -> _Reading:
+        """The chunk read on by ``job``, from ``start`` (where the chunk ended so far, or
+        a bucket's start if it is new) to ``end``."""
+        latest = {
+            b: max(
+                (t for t in (self.event_times.get(b), event_times.get(b)) if t is not None),
+                default=None,
+            )
+            for b in self.event_times.keys() | event_times.keys()
+        }
+        began_at = {**start, **self.start}
+        return _Reading(self.began, began_at, {**self.end, **end}, (*self.jobs, job), latest)
 
 
 @dataclass(frozen=True)
@@ -447,22 +519,21 @@ def _commit(
     sink: Sink,
     config: PipelineConfig,
     generation: Generation,
-    start: dict[int, int],
-    end: dict[int, int],
+    chunk: _Reading,
     aggregated: Aggregated,
-    event_times: dict[int, int | None],
     joined: str | None,
     read_s: float,
 ) -> _Committed:
-    """Commit a chunk (on the commit thread, the only user of ``sink`` meanwhile);
-    ``generation`` is as it stands after it, ``read_s`` its job's time."""
+    """Commit a chunk (on the commit thread, the only user of ``sink`` meanwhile) with
+    ``aggregated``, its jobs' results merged; ``generation`` is as it stands after it,
+    ``read_s`` the time its jobs took."""
     committing = time.monotonic()
     sink.commit(
         generation.number,
-        start,
-        end,
+        chunk.start,
+        chunk.end,
         aggregated.results,
-        event_times=event_times,
+        event_times=chunk.event_times,
         dead_letters=aggregated.dead_letters,
         joined=joined,
     )
@@ -474,8 +545,7 @@ def _commit(
             f"went to {config.sink.table}_dead_letters"
         )
     with open_source(config) as topic:
-        records = sum(end[b] - start[b] for b in start)
-        lines.append(_progress_line(generation, records, read_s, seconds, topic))
+        lines.append(_progress_line(generation, chunk.records, read_s, seconds, topic))
     return _Committed(seconds, tuple(lines), _moved_to_realtime(sink, config))
 
 

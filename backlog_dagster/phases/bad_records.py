@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.pipeline.results import ResultLayout, merge_partials
 from backlog_dagster.sink import DEAD_LETTER_COLUMNS
 from backlog_dagster.spark import sql_text as sql
 from backlog_dagster.spark.records import (
@@ -138,6 +139,17 @@ def collect(partials: DataFrame) -> Aggregated:
         [chosen.field(name) for name in DEAD_LETTER_COLUMNS], names=list(DEAD_LETTER_COLUMNS)
     )
     return Aggregated(results, dead.sort_by([("bucket", "ascending"), ("offset", "ascending")]))
+
+
+def merged(jobs: Sequence[Aggregated], layout: ResultLayout) -> Aggregated:
+    """What one Spark job over the records of ``jobs`` (consecutive) would have given."""
+    if len(jobs) == 1:
+        return jobs[0]
+    dead = pa.concat_tables([job.dead_letters for job in jobs])
+    return Aggregated(
+        merge_partials([job.results for job in jobs], layout),
+        dead.sort_by([("bucket", "ascending"), ("offset", "ascending")]),
+    )
 
 
 def empty_dead_letters() -> pa.Table:

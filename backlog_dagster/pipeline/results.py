@@ -18,8 +18,11 @@ commit that does not start where its progress stands.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+import pyarrow as pa
 
 from backlog_dagster.pipeline.config import Aggregation, TransformConfig
 from backlog_dagster.spark.records import BUCKET_COLUMN, OFFSET_COLUMN
@@ -96,6 +99,34 @@ class ResultLayout:
 
 
 _MERGE: dict[str, Merge] = {"count": "add", "sum": "add", "min": "min", "max": "max"}
+#: Arrow's grouped aggregation for each merge rule (a sketch's parts are listed, then
+#: unioned).
+_ARROW_MERGE = {"add": "sum", "min": "min", "max": "max", "sketch": "list"}
+
+
+def merge_partials(tables: Sequence[pa.Table], layout: ResultLayout) -> pa.Table:
+    """The partial results of Spark jobs over consecutive records (``tables``, one or
+    more, as Spark made them), as one job over all those records would have made them:
+    a row per key with its partials merged by their rules. A stateless pipeline's rows
+    are all kept."""
+    from backlog_dagster.pipeline.sketches import merged_sketch
+
+    table = pa.concat_tables(tables)
+    if len(tables) == 1 or layout.stateless:
+        return table
+    keys = list(layout.keys)
+    grouped = table.group_by(keys, use_threads=False).aggregate(
+        [(p.name, _ARROW_MERGE[p.merge]) for p in layout.partials]
+    )
+    # Arrow puts the keys first, then the aggregations in the order asked.
+    merged = {name: grouped.column(i) for i, name in enumerate(keys)}
+    for i, partial in enumerate(layout.partials, start=len(keys)):
+        column = grouped.column(i)
+        if partial.merge == "sketch":
+            unions = [merged_sketch(partial.function, parts) for parts in column.to_pylist()]
+            column = pa.chunked_array([pa.array(unions, pa.binary())])
+        merged[partial.name] = column.cast(table.schema.field(partial.name).type)
+    return pa.table([merged[name] for name in table.column_names], schema=table.schema)
 
 
 def visible_record_columns(columns: list[str]) -> list[str]:

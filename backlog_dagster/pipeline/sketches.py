@@ -20,6 +20,7 @@ confidence).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pyarrow as pa
 
@@ -40,8 +41,6 @@ def merge_sketches(
     sink already holds), and every estimate column added, filled from the union.
     ``values_of`` turns a key column into the Python values the sink stores, for both
     tables to match (as is, by default)."""
-    from datasketches import hll_sketch, hll_union, kll_doubles_sketch, tgt_hll_type
-
     keys = list(layout.keys)
     convert = values_of or _as_is
     index = {key: row for row, key in enumerate(_key_tuples(held, keys, _as_is))}
@@ -60,29 +59,52 @@ def merge_sketches(
                 for estimate in estimates:
                     values[estimate.name].append(None)
                 continue
-            if partial.function == "hll":
-                union = hll_union(HLL_LG_CONFIG_K)
-                for part in parts:
-                    union.update(hll_sketch.deserialize(part))
-                result = union.get_result(tgt_hll_type.HLL_8)
-                merged.append(result.serialize_compact())
-                for estimate in estimates:
-                    values[estimate.name].append(round(result.get_estimate()))
-            else:
-                sketch = kll_doubles_sketch.deserialize(parts[0])
-                for part in parts[1:]:
-                    sketch.merge(kll_doubles_sketch.deserialize(part))
-                merged.append(sketch.serialize())
-                for estimate in estimates:
-                    empty = sketch.is_empty()
-                    values[estimate.name].append(
-                        None if empty else sketch.get_quantile(estimate.quantile)
-                    )
+            sketch = _union(partial.function, parts)
+            merged.append(_serialized(sketch))
+            for estimate in estimates:
+                values[estimate.name].append(_estimate(sketch, estimate.quantile))
         new = _replace(new, partial.name, pa.array(merged, pa.binary()))
         for estimate in estimates:
             kind = pa.int64() if estimate.quantile is None else pa.float64()
             new = _replace(new, estimate.name, pa.array(values[estimate.name], kind))
     return new
+
+
+def merged_sketch(function: str, parts: Sequence[bytes | None]) -> bytes | None:
+    """The union of serialized sketches of one kind (``hll`` or ``kll``), serialized
+    (None if all are)."""
+    present = [bytes(p) for p in parts if p is not None]
+    return _serialized(_union(function, present)) if present else None
+
+
+def _union(function: str, parts: Sequence[bytes]) -> Any:
+    """A sketch of every value the serialized sketches ``parts`` (one or more) saw."""
+    from datasketches import hll_sketch, hll_union, kll_doubles_sketch, tgt_hll_type
+
+    if function == "hll":
+        union = hll_union(HLL_LG_CONFIG_K)
+        for part in parts:
+            union.update(hll_sketch.deserialize(part))
+        return union.get_result(tgt_hll_type.HLL_8)
+    sketch = kll_doubles_sketch.deserialize(parts[0])
+    for part in parts[1:]:
+        sketch.merge(kll_doubles_sketch.deserialize(part))
+    return sketch
+
+
+def _serialized(sketch: Any) -> bytes:
+    from datasketches import hll_sketch
+
+    return sketch.serialize_compact() if isinstance(sketch, hll_sketch) else sketch.serialize()
+
+
+def _estimate(sketch: Any, quantile: float | None) -> float | None:
+    """The distinct count of an HLL sketch, or a KLL sketch's ``quantile``."""
+    from datasketches import hll_sketch
+
+    if isinstance(sketch, hll_sketch):
+        return round(sketch.get_estimate())
+    return None if sketch.is_empty() else sketch.get_quantile(quantile)
 
 
 def _replace(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
