@@ -63,6 +63,7 @@ def ours(spark: SparkSession, config: PipelineConfig, interval: float) -> dict[s
         "seconds": time.perf_counter() - started,
         "records": report.rows_read,
         "chunks": report.chunk_timings,
+        "jobs": report.job_timings,
         "chunk_commits_s": report.chunk_commits_s,
     }
 

@@ -8,13 +8,14 @@ alternating, ``repeat`` times each, each into a fresh SQLite sink. Per interval:
 backlog's records/s (median) and its ratio to interval 0 (one chunk), and the chunks'
 durations, from the start of a chunk's Spark job until the next chunk's could start (a
 chunk commits beside the next one's job): their median and the share within ±50 % of the
-interval, every chunk from the first to the last counted. Each positive interval's
+interval, every chunk from the first to the last counted (a chunk that took under half
+the interval reads on in another Spark job before it commits). Each positive interval's
 run is followed by a *later run*: the same pipeline reset on its sink and read again,
 its first chunk sized by the rate the run before left there (``phases.chunks``). The
 same at 0 and 2 s into a PostgreSQL sink (a new database on the local server, dropped
 afterwards), whose commit of a chunk takes several times SQLite's. And over every
-SQLite chunk of the positive intervals: the part of a chunk's time that does not depend
-on its size, the rate beyond it, and the sink's commit of a chunk.
+SQLite Spark job of the positive intervals: the part of a job's time that does not
+depend on its size, the rate beyond it; and the sink's commit of a chunk.
 
 Writes ``bench/results/<date>-chunks.json`` and its section of ``BENCHMARKS.md``.
 """
@@ -53,7 +54,7 @@ LATER = "later"
 POSTGRES_INTERVALS = (0.0, 2.0)
 HEADER = (
     "| interval | seconds (median) | records/s | over interval 0 | chunks per run "
-    "| chunk median (s) | chunks within ±50 % |"
+    "| Spark jobs per run | chunk median (s) | chunks within ±50 % |"
 )
 
 
@@ -145,18 +146,18 @@ def _row_name(label: str) -> str:
 
 
 def per_chunk(runs: list[dict[str, Any]]) -> dict[str, float]:
-    """What every chunk pays whatever its size, and the rate beyond it: the line
-    seconds = fixed + records / rate through every chunk of the runs, least squares;
+    """What every Spark job pays whatever its size, and the rate beyond it: the line
+    seconds = fixed + records / rate through every job of the runs, least squares;
     and the sink's commit of a chunk (median)."""
-    records = [n for r in runs for n, _ in r["chunks"]]
-    seconds = [s for r in runs for _, s in r["chunks"]]
+    records = [n for r in runs for n, _ in r["jobs"]]
+    seconds = [s for r in runs for _, s in r["jobs"]]
     per_record, fixed = np.polyfit(records, seconds, 1)
     commits = [s for r in runs for s in r["chunk_commits_s"]]
     return {
         "fixed_s": round(float(fixed), 3),
         "records_per_s_beyond": round(1 / float(per_record)),
         "commit_median_s": round(statistics.median(commits), 3),
-        "chunks": len(records),
+        "jobs": len(records),
     }
 
 
@@ -170,6 +171,7 @@ def _case(interval: float, runs: list[dict[str, Any]], records: int) -> dict[str
         "median_s": median,
         "records_per_second": round(records / median),
         "chunks_per_run": [len(r["chunks"]) for r in runs],
+        "jobs_per_run": [len(r["jobs"]) for r in runs],
         "chunk_seconds": [[round(s, 2) for _, s in r["chunks"]] for r in runs],
         "chunk_median_s": round(statistics.median(durations), 2) if durations else None,
         "chunks_within_half_of_interval": (
@@ -187,6 +189,7 @@ def _markdown(results: dict[str, Any]) -> str:
             f"| {_row_name(name)} | {case['median_s']:.2f} | {case['records_per_second']:,} | "
             f"{case['over_interval_0']:.2f} | "
             f"{', '.join(str(n) for n in case['chunks_per_run'])} | "
+            f"{', '.join(str(n) for n in case['jobs_per_run'])} | "
             f"{'-' if median is None else f'{median:.2f}'} | "
             f"{'-' if share is None else f'{share:.0%}'} |"
         )
@@ -198,8 +201,9 @@ def _markdown(results: dict[str, Any]) -> str:
 {results["records"]:,} reference records (8 buckets), one warm Spark session, each
 interval {results["repeat"]} times, alternating, into SQLite unless the row says
 PostgreSQL (the local server; *over interval 0* is against the same sink's). A chunk's
-time runs from the start of its Spark job until the next chunk's could start (a chunk
-commits while the next one's job runs); every chunk counts, the last one too. A *later
+time runs from the start of its first Spark job until the next chunk's could start (a
+chunk commits while the next one's job runs); every chunk counts, the last one too. A
+chunk that took under half the interval reads on in another job before it commits. A *later
 run* follows each positive interval's run:
 the pipeline reset on its sink and read again, its first chunk sized by the rate the run
 before left there. A chunk is planned to take at least {MIN_CHUNK_S:g} s
@@ -207,11 +211,11 @@ before left there. A chunk is planned to take at least {MIN_CHUNK_S:g} s
 within ±50 % of it. {machine_line(results["machine"])}
 
 {HEADER}
-| --- | ---: | ---: | ---: | --- | ---: | ---: |
+| --- | ---: | ---: | ---: | --- | --- | ---: | ---: |
 {table}
 
-Every SQLite chunk of the positive intervals ({fit["chunks"]}) on one line, least squares: a chunk
-costs {fit["fixed_s"]:.2f} s whatever its size, then reads at
+Every SQLite Spark job of the positive intervals ({fit["jobs"]}) on one line, least squares: a
+job costs {fit["fixed_s"]:.2f} s whatever its size, then reads at
 {fit["records_per_s_beyond"]:,} records/s; the sink's commit of a chunk takes
 {fit["commit_median_s"]:.2f} s (median).
 """
