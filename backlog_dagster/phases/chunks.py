@@ -119,6 +119,6 @@ def _by_last_two(timings: Sequence[Timing], target: float) -> int:
 
 
 def chunk_rate(timings: Sequence[Timing]) -> float:
-    """Records per second of the latest chunks, their fixed costs counted."""
+    """Records per second of the latest Spark jobs timed, their fixed costs counted."""
     recent = timings[-RECENT:]
     return sum(n for n, _ in recent) / max(sum(s for _, s in recent), 1e-3)

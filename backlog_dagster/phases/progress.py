@@ -49,8 +49,8 @@ class RunProgress:
     read_to: dict[int, int] = field(default_factory=dict)
     #: Records/s arriving at the source lately (0 when nothing arrives).
     arrival_per_s: float = 0.0
-    #: Records/s of the run's latest chunks, their fixed costs counted
-    #: (``phases.chunks.chunk_rate``); None before its first chunk ended. It stays in
+    #: Records/s of the run's latest Spark jobs, their fixed costs counted
+    #: (``phases.chunks.chunk_rate``); None before its first job ended. It stays in
     #: the sink after the run: the pipeline's next backlog run sizes its first chunk by it.
     chunk_rate: float | None = None
 
