@@ -9,10 +9,11 @@ once per chunk. No watermark: event-time windows take every record, however late
 - ``checkpoint_interval > 0``: chunks sized to take about that long, and at least about
   2 s (``phases.chunks``, from the latest Spark jobs' timings; a chunk that took under
   half the interval reads on in another job, their results merged); each chunk's
-  results and progress commit together, and a failure resumes from the last commit. A chunk commits
-  on a thread of its own while the next chunk's Spark job runs (the sink is used by one
-  thread at a time), so the sink's commit does not add to each chunk's time; chunks
-  still commit in order, and the next one is counted only once the one before is in.
+  results and progress commit together, and a failure resumes from the last commit. A
+  chunk commits on a thread of its own while the next chunk's Spark job runs (the sink
+  is used by one thread at a time), so the sink's commit does not add to each chunk's
+  time; chunks still commit in order, and the next one is counted only once the one
+  before is in.
 
 With ``backlog.watermark_lag_threshold``, reaching the markers with the watermark still
 lagging by more than the threshold (records kept arriving while the backlog ran) takes
