@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import pandas as pd
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
@@ -455,6 +456,50 @@ def test_records_retention_removed_unread_stop_the_run_or_are_skipped_and_counte
     end = topic.latest_offsets()
     oracle = customer_totals_oracle(records_up_to(topic, end, start={1: 100}))
     assert_same(results, oracle, ["customer_id"])
+
+
+def test_retention_during_a_chunk_that_reads_on_commits_what_it_read_then_skips(
+    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records removed unread while a chunk reads on in another Spark job: the job it
+    has read commits first, then the gap is skipped and counted; nothing else is lost."""
+    from backlog_dagster.phases import backlog as backlog_phase
+    from backlog_dagster.phases import chunks
+
+    monkeypatch.setattr(chunks, "FIRST_CHUNK_RECORDS", 10_000)
+    topic = make_topic(records=60_000, buckets=2)
+    config = pipeline(
+        tmp_path,
+        CUSTOMER_TOTALS,
+        source={
+            "path": str(tmp_path / "orders"),
+            "event_time": "event_time",
+            "on_truncation": "skip",
+        },
+        backlog={"checkpoint_interval": 60},
+    )
+    latest = topic.latest_offsets()
+    real = backlog_phase._aggregate
+    first_read: dict[int, int] = {}
+    kept = [records_up_to(topic, {0: latest[0]})]
+
+    def retention_after_the_first_job(*args: Any) -> Any:
+        done = real(*args)
+        if not first_read:
+            first_read.update(args[3])  # the job's end offsets
+            kept.append(records_up_to(topic, {1: first_read[1]}))
+            topic.bucket(1).truncate_before(first_read[1] + 5_000)
+        return done
+
+    monkeypatch.setattr(backlog_phase, "_aggregate", retention_after_the_first_job)
+    with open_sink(config) as sink:
+        report = run_backlog(spark, config, sink, log=print)
+        assert sink.skipped_records() == 5_000
+        results = sink.read_results().to_pandas()
+    assert report.job_timings[0][0] == 10_000 and report.chunk_timings[0][0] == 10_000
+    assert report.skipped_records == 5_000 and report.rows_read == 55_000
+    kept.append(records_up_to(topic, latest, start={0: latest[0], 1: first_read[1] + 5_000}))
+    assert_same(results, customer_totals_oracle(pd.concat(kept)), ["customer_id"])
 
 
 def test_sql_text_reads_back_as_written(spark: SparkSession) -> None:
