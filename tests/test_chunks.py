@@ -101,8 +101,9 @@ def test_a_later_run_takes_the_interval_from_its_first_chunk(
         (2, 0.8, 1 / 2_000_000, 16_000_000),
         (2, 0.3, 1 / 3_000_000, 21_000_000),
         (5, 0.3, 1 / 500_000, 16_000_000),
+        (5, 0.3, 1 / 12_000_000, 40_000_000),  # under one interval after the first jobs
     ],
-    ids=["2s-bench", "2s-slower", "2s-tail", "5s"],
+    ids=["2s-bench", "2s-slower", "2s-tail", "5s", "5s-short-backlog"],
 )
 def test_a_first_run_takes_the_interval_from_its_first_chunk_to_its_last(
     interval: float, fixed: float, per_record: float, backlog: int

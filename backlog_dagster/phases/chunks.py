@@ -33,7 +33,8 @@ interval, the second chunk took 1.0 s by the rate alone).
 
 The backlog's last records are not left to a short last chunk (measured: 0.7 s at a
 2 s interval): what is left under two chunks is read in two halves, and under one in
-one.
+one. The halves are of time: a chunk that has read for a while already (below) takes
+that much less, so that it and the last chunk take about as long.
 
 A chunk is what commits, and it may be read by more than one Spark job: while it has
 taken under half the interval (``goes_on``) it reads on in another job, sized to the rest
@@ -77,10 +78,15 @@ def next_chunk_records(
     (``interval`` > 0), ``elapsed`` seconds into that chunk, with ``left`` records still
     to read; ``timings``: the jobs' so far; ``previous_rate``: the records/s of the
     pipeline's previous backlog run, if known."""
-    planned = _planned(interval, max(interval, MIN_CHUNK_S) - elapsed, timings, previous_rate)
+    rest = max(interval, MIN_CHUNK_S) - elapsed
+    planned = _planned(interval, rest, timings, previous_rate)
     if left >= 2 * planned:
         return planned
-    return left if left <= planned else -(-left // 2)
+    if left <= planned:
+        return left
+    # Two halves in time: the chunk under way has already spent ``elapsed``.
+    spent = int(elapsed * planned / rest)
+    return -(-(left - spent) // 2)
 
 
 def goes_on(interval: float, elapsed: float) -> bool:
