@@ -78,12 +78,14 @@ def test_a_chunk_that_took_under_half_the_interval_reads_on_and_commits_once(
     monkeypatch.setattr(chunks, "FIRST_CHUNK_RECORDS", 15_000)
     topic = make_topic(records=60_000, buckets=4)
     config = pipeline(tmp_path, transform, backlog={"checkpoint_interval": 60})
+    logged: list[str] = []
     with open_sink(config) as sink:
-        report = run_backlog(spark, config, sink, log=print)
+        report = run_backlog(spark, config, sink, log=logged.append)
         results = sink.read_results().to_pandas()
     # The second job is sized to the rest of the minute: it takes what is left.
     assert [records for records, _ in report.job_timings] == [15_000, 45_000]
     assert report.chunks == 1 and [n for n, _ in report.chunk_timings] == [60_000]
+    assert any("chunk of 60,000 in" in m and "/s, 2 Spark jobs)" in m for m in logged), logged
     records = records_up_to(topic, topic.latest_offsets())
     oracle = (
         customer_totals_oracle(records)

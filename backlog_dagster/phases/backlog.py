@@ -546,7 +546,7 @@ def _commit(
             f"went to {config.sink.table}_dead_letters"
         )
     with open_source(config) as topic:
-        lines.append(_progress_line(generation, chunk.records, read_s, seconds, topic))
+        lines.append(_progress_line(generation, chunk, read_s, seconds, topic))
     return _Committed(seconds, tuple(lines), _moved_to_realtime(sink, config))
 
 
@@ -653,9 +653,10 @@ def _reached(generation: Generation, end: dict[int, int]) -> Generation:
 
 
 def _progress_line(
-    generation: Generation, records: int, read_s: float, commit_s: float, topic: Source
+    generation: Generation, chunk: _Reading, read_s: float, commit_s: float, topic: Source
 ) -> str:
     """The line a chunk logs; an unfinished bucket says which part of the source it is in."""
+    records, jobs = chunk.records, len(chunk.jobs)
     total = sum(b.marker - b.start for b in generation.buckets.values())
     done = sum(b.reached - b.start for b in generation.buckets.values())
     per_bucket = "  ".join(
@@ -663,10 +664,11 @@ def _progress_line(
         + (f" {topic.held_by(b.bucket, b.reached)}" if b.reached < b.marker else "")
         for b in generation.buckets.values()
     )
+    in_jobs = f", {jobs} Spark jobs" if jobs > 1 else ""
     return (
         f"backlog {_percent(done, total)} ({done:,}/{total:,}); chunk of {records:,} in "
-        f"{read_s:.1f} s ({records / max(read_s, 1e-3):,.0f}/s), then the sink's commit "
-        f"{commit_s:.1f} s; buckets {per_bucket}"
+        f"{read_s:.1f} s ({records / max(read_s, 1e-3):,.0f}/s{in_jobs}), then the sink's "
+        f"commit {commit_s:.1f} s; buckets {per_bucket}"
     )
 
 
