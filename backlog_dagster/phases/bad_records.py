@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
 DEAD_LETTER = "_dead_letter"
+#: Dead letters are kept in the order the log holds them.
+IN_LOG_ORDER = [("bucket", "ascending"), ("offset", "ascending")]
 #: How much of a bad record's payload an error message quotes.
 QUOTED_PAYLOAD = 200
 
@@ -138,7 +140,7 @@ def collect(partials: DataFrame) -> Aggregated:
     dead = pa.Table.from_arrays(
         [chosen.field(name) for name in DEAD_LETTER_COLUMNS], names=list(DEAD_LETTER_COLUMNS)
     )
-    return Aggregated(results, dead.sort_by([("bucket", "ascending"), ("offset", "ascending")]))
+    return Aggregated(results, dead.sort_by(IN_LOG_ORDER))
 
 
 def merged(jobs: Sequence[Aggregated], layout: ResultLayout) -> Aggregated:
@@ -148,7 +150,7 @@ def merged(jobs: Sequence[Aggregated], layout: ResultLayout) -> Aggregated:
     dead = pa.concat_tables([job.dead_letters for job in jobs])
     return Aggregated(
         merge_partials([job.results for job in jobs], layout),
-        dead.sort_by([("bucket", "ascending"), ("offset", "ascending")]),
+        dead.sort_by(IN_LOG_ORDER),
     )
 
 

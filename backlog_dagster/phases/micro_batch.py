@@ -491,7 +491,6 @@ def _split_late(
     100 ms a micro-batch). ``as_arrow``: the batch as the Arrow table it was read
     into where the commit runs, if it was.
     """
-
     window = config.transform.window
     if window is None:
         return batch, None, None
