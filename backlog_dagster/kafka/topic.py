@@ -213,11 +213,18 @@ class KafkaTopic:
         """One partition's bounds: two offsets requests for it alone."""
         from confluent_kafka.admin import OffsetSpec
 
-        earliest = self._list_offsets({bucket: OffsetSpec.earliest()})[bucket]
+        earliest = self._earliest_of(bucket)  # first: the latest is then at least it
         return KafkaBounds(earliest, self._list_offsets({bucket: OffsetSpec.latest()})[bucket])
 
+    def _earliest_of(self, bucket: int) -> int:
+        """One partition's earliest offset: one request for it alone."""
+        from confluent_kafka.admin import OffsetSpec
+
+        return self._list_offsets({bucket: OffsetSpec.earliest()})[bucket]
+
     def held_from(self, bucket: int, offset: int) -> tuple[int, int | None]:
-        return max(offset, self.bounds()[bucket].earliest), None
+        # Asked of every partition before each backlog job: one request, not all of bounds'.
+        return max(offset, self._earliest_of(bucket)), None
 
     def held_by(self, bucket: int, offset: int) -> str:
         return "kafka"

@@ -109,7 +109,9 @@ class Topic:
         return {b: bounds.latest for b, bounds in self.bounds().items()}
 
     def held_from(self, bucket: int, offset: int) -> tuple[int, int | None]:
-        return max(offset, self.bounds()[bucket].earliest), None
+        # The one bucket's bounds: asked of every bucket before each backlog job, all
+        # buckets' bounds each time would cost buckets² look-ups.
+        return max(offset, self.bucket(bucket).bounds().earliest), None
 
     def held_by(self, bucket: int, offset: int) -> str:
         return "log"
