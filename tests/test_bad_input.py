@@ -486,7 +486,7 @@ def test_retention_during_a_chunk_that_reads_on_commits_what_it_read_then_skips(
     def retention_after_the_first_job(*args: Any) -> Any:
         done = real(*args)
         if not first_read:
-            first_read.update(args[3])  # the job's end offsets
+            first_read.update(args[4])  # the job's end offsets
             kept.append(records_up_to(topic, {1: first_read[1]}))
             topic.bucket(1).truncate_before(first_read[1] + 5_000)
         return done

@@ -347,7 +347,12 @@ def _read_to_markers(
     committed = _Commits(report, log, realtime=_moved_to_realtime(sink, config))
     #: The chunk being read, its commit still to come, when it reads on in another job.
     reading: _Reading | None = None
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="backlog-commit") as committer:
+    # One source for the loop (the commit thread opens its own): opened anew for each
+    # job it cost a log's bucket files opened three times over, a Kafka admin client each.
+    with (
+        open_source(config) as topic,
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="backlog-commit") as committer,
+    ):
 
         def commit(chunk: _Reading, generation: Generation) -> None:
             """Commit ``chunk`` on the commit thread, once the chunk before it is in;
@@ -373,14 +378,13 @@ def _read_to_markers(
                     0.0 if reading is None else time.monotonic() - reading.began,
                 )
             )
-            with open_source(config) as topic:
-                in_hand = committed.pending is not None or reading is not None
-                if in_hand and removed_unread(generation, topic):
-                    if reading is not None:  # what it read is good: in before the gap
-                        commit(reading, generation)
-                        reading = None
-                    committed.wait()  # the sink moves past the gap after it
-                generation, skipped = _past_removed(sink, topic, config, generation, log)
+            in_hand = committed.pending is not None or reading is not None
+            if in_hand and removed_unread(generation, topic):
+                if reading is not None:  # what it read is good: in before the gap
+                    commit(reading, generation)
+                    reading = None
+                committed.wait()  # the sink moves past the gap after it
+            generation, skipped = _past_removed(sink, topic, config, generation, log)
             report.skipped_records += skipped
             left = _left(generation)
             if left == 0:
@@ -390,12 +394,14 @@ def _read_to_markers(
                 {str(b): max(0, s.marker - s.reached) for b, s in generation.buckets.items()},
                 budget,
             )
-            end = _within_held(config, start, {b: start[b] + grant[str(b)] for b in start})
+            end = _within_held(topic, start, {b: start[b] + grant[str(b)] for b in start})
             job_started = time.monotonic()
             report.reading_since = report.reading_since or time.time()
             report.chunk = (start, end)
             try:
-                aggregated, event_times = _aggregate(spark, config, start, end, reference, tasks)
+                aggregated, event_times = _aggregate(
+                    spark, config, topic, start, end, reference, tasks
+                )
             except Exception:
                 report.chunk = None
                 if reading is not None:
@@ -403,10 +409,9 @@ def _read_to_markers(
                     reading = None
                 committed.wait()
                 # A range may have vanished under the job (retention): say so, or skip it.
-                with open_source(config) as topic:
-                    if not removed_unread(generation, topic):
-                        raise
-                    generation, skipped = _past_removed(sink, topic, config, generation, log)
+                if not removed_unread(generation, topic):
+                    raise
+                generation, skipped = _past_removed(sink, topic, config, generation, log)
                 report.skipped_records += skipped
                 left = _left(generation)
                 continue
@@ -582,18 +587,15 @@ class _Commits:
         self.realtime = self.realtime or done.realtime
 
 
-def _within_held(
-    config: PipelineConfig, start: dict[int, int], end: dict[int, int]
-) -> dict[int, int]:
+def _within_held(topic: Source, start: dict[int, int], end: dict[int, int]) -> dict[int, int]:
     """``end``, cut where a bucket's stretch of held records ends first (a hole between
     archive files): the chunk commits up to the hole, and the next one deals with it."""
-    with open_source(config) as topic:
-        cut = dict(end)
-        for bucket, low in start.items():
-            first, stretch_end = topic.held_from(bucket, low)
-            if first == low and stretch_end is not None:
-                cut[bucket] = min(end[bucket], stretch_end)
-        return cut
+    cut = dict(end)
+    for bucket, low in start.items():
+        first, stretch_end = topic.held_from(bucket, low)
+        if first == low and stretch_end is not None:
+            cut[bucket] = min(end[bucket], stretch_end)
+    return cut
 
 
 def _parts(topic: Source, generation: Generation) -> dict[int, str]:
@@ -628,6 +630,7 @@ def _past_removed(
 def _aggregate(
     spark: SparkSession,
     config: PipelineConfig,
+    topic: Source,
     start: dict[int, int],
     end: dict[int, int],
     reference: Reference | None,
@@ -635,9 +638,8 @@ def _aggregate(
 ) -> tuple[Aggregated, dict[int, int | None]]:
     """The chunk's partial results, and each bucket's latest event time read (in at
     least ``tasks`` read tasks)."""
-    with open_source(config) as topic:
-        records = topic.read_batch(spark, read_schema(config, topic), start, end, tasks)
-        watched, seen = watch_buckets(records, config, topic, start, end)
+    records = topic.read_batch(spark, read_schema(config, topic), start, end, tasks)
+    watched, seen = watch_buckets(records, config, topic, start, end)
     aggregated = collect(partial_results(watched, config, reference=reference))
     return aggregated, {b: s.event_time_us for b, s in (seen() or {}).items()}
 
