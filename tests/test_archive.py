@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -108,20 +109,32 @@ def archived_pipeline(tmp_path: Path, folder: Path, fmt: str = "parquet") -> Pip
 
 @pytest.mark.parametrize("fmt", ["parquet", "json"])
 def test_backlog_from_the_archive_then_the_log_then_realtime_equal_the_oracle(
-    spark: SparkSession, make_topic: MakeTopic, tmp_path: Path, fmt: str
+    spark: SparkSession,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    fmt: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The log keeps only its newer records; the archive the older ones."""
+    from backlog_dagster.phases import chunks
+
+    monkeypatch.setattr(chunks, "FIRST_CHUNK_RECORDS", 3_000)  # more than one chunk
     topic = make_topic(records=20_000, buckets=3)
     everything = records_up_to(topic, topic.latest_offsets())
     folder = tmp_path / "archive"
     archive(topic.path, folder, END_S - 50, "--format", fmt, "--truncate")
     assert all(b.earliest > 0 for b in topic.bounds().values())
     config = archived_pipeline(tmp_path, folder, fmt)
+    lines: list[str] = []
     with open_sink(config) as sink:
-        report = run_backlog(spark, config, sink, log=print)
+        report = run_backlog(spark, config, sink, log=lines.append)
         assert all(b.start == 0 for b in sink.current_generation().buckets.values())  # type: ignore[union-attr]
-    # Which part each bucket was read from, as the run's materialization says.
+    # Which part each bucket was read from, as the run's materialization says, and
+    # which part holds an unfinished bucket's next record, as each chunk's line says.
     assert set(report.read_from.values()) == {"archive, log"}
+    chunk_lines = [line for line in lines if "; chunk of " in line]
+    assert len(chunk_lines) > 1, lines
+    assert re.search(r"buckets 0:\d+% archive", chunk_lines[0]), chunk_lines[0]
     with open_source(config) as source:
         for bucket, bounds in topic.bounds().items():
             assert source.held_by(bucket, bounds.earliest - 1) == "archive"

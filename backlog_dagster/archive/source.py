@@ -100,10 +100,15 @@ class ArchiveThenLog:
     def latest_offsets(self) -> dict[int, int]:
         return self.log.latest_offsets()
 
+    def _log_earliest(self, bucket: int) -> int:
+        """The log's earliest offset in ``bucket``: where its held records start, asked of
+        that bucket alone (every bucket's bounds for each would cost buckets² look-ups)."""
+        return self.log.held_from(bucket, 0)[0]
+
     def held_from(self, bucket: int, offset: int) -> tuple[int, int | None]:
         """The archive's files, then the log: a stretch ends where the next file does not
         begin at its end (a hole), and runs on when it reaches into the log."""
-        earliest = self.log.bounds()[bucket].earliest
+        earliest = self._log_earliest(bucket)
         stretch: tuple[int, int] | None = None
         for held in self.held().get(bucket, []):
             if held.end <= offset or held.file.start >= earliest:
@@ -117,7 +122,7 @@ class ArchiveThenLog:
         return (stretch[0], None) if stretch[1] >= earliest else stretch
 
     def held_by(self, bucket: int, offset: int) -> str:
-        if offset < self.log.bounds()[bucket].earliest:
+        if offset < self._log_earliest(bucket):
             return "archive"
         return self.log.held_by(bucket, offset)
 
@@ -136,13 +141,13 @@ class ArchiveThenLog:
         return self.log.offset_for_time(bucket, timestamp_us)
 
     def record_time(self, bucket: int, offset: int) -> int:
-        if offset >= self.log.bounds()[bucket].earliest or self.timestamp_column is None:
+        if offset >= self._log_earliest(bucket) or self.timestamp_column is None:
             return self.log.record_time(bucket, offset)
         held = self._holding(bucket, offset)
         return int(self._times(held).cast(pa.int64())[offset - held.file.start].as_py())
 
     def max_record_time(self, bucket: int, start: int, end: int) -> int | None:
-        earliest = self.log.bounds()[bucket].earliest
+        earliest = self._log_earliest(bucket)
         found = []
         if end > earliest:
             found.append(self.log.max_record_time(bucket, max(start, earliest), end))
@@ -155,7 +160,7 @@ class ArchiveThenLog:
         return self.log.last_append_time(bucket)
 
     def append_time(self, bucket: int, offset: int) -> float | None:
-        if offset >= self.log.bounds()[bucket].earliest:
+        if offset >= self._log_earliest(bucket):
             return self.log.append_time(bucket, offset)
         return self.record_time(bucket, offset) / 1_000_000  # archived: long arrived
 
@@ -165,7 +170,7 @@ class ArchiveThenLog:
     # -- records ---------------------------------------------------------------------
 
     def read_records(self, bucket: int, start: int, end: int) -> Iterator[StoredRecords]:
-        earliest = self.log.bounds()[bucket].earliest
+        earliest = self._log_earliest(bucket)
         yield from self._archived(bucket, start, min(end, earliest))
         if end > max(start, earliest):
             yield from self.log.read_records(bucket, max(start, earliest), end)
@@ -195,7 +200,7 @@ class ArchiveThenLog:
                 raise SourceError(
                     f"{self.name} bucket {bucket}: offsets from {at} (before {end}) are "
                     f"neither in the archive {self.root} nor in the log (its earliest offset "
-                    f"is {self.log.bounds()[bucket].earliest})"
+                    f"is {self._log_earliest(bucket)})"
                 )
             covering.append(held)
             at = held.end

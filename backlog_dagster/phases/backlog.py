@@ -361,8 +361,9 @@ def _read_to_markers(
             seconds = time.monotonic() - chunk.began
             report.chunk_timings.append((chunk.records, seconds))
             aggregated = merged(chunk.jobs, layout)
+            held_by = _held_by(topic, generation)
             done = functools.partial(
-                _commit, sink, config, generation, chunk, aggregated, joined, seconds
+                _commit, sink, config, generation, chunk, aggregated, joined, seconds, held_by
             )
             committed.pending = _InFlight(committer.submit(done), aggregated)
 
@@ -529,10 +530,12 @@ def _commit(
     aggregated: Aggregated,
     joined: str | None,
     read_s: float,
+    held_by: dict[int, str],
 ) -> _Committed:
     """Commit a chunk (on the commit thread, the only user of ``sink`` meanwhile) with
     ``aggregated``, its jobs' results merged; ``generation`` is as it stands after it,
-    ``read_s`` the time its jobs took."""
+    ``read_s`` the time its jobs took, ``held_by`` which part of the source holds each
+    unfinished bucket's next record."""
     committing = time.monotonic()
     sink.commit(
         generation.number,
@@ -550,8 +553,7 @@ def _commit(
             f"backlog: {aggregated.dead_letters.num_rows:,} bad record(s) in this chunk "
             f"went to {config.sink.table}_dead_letters"
         )
-    with open_source(config) as topic:
-        lines.append(_progress_line(generation, chunk, read_s, seconds, topic))
+    lines.append(_progress_line(generation, chunk, read_s, seconds, held_by))
     return _Committed(seconds, tuple(lines), _moved_to_realtime(sink, config))
 
 
@@ -654,8 +656,22 @@ def _reached(generation: Generation, end: dict[int, int]) -> Generation:
     )
 
 
+def _held_by(topic: Source, generation: Generation) -> dict[int, str]:
+    """Which part of the source holds each unfinished bucket's next record, as the UI says
+    it (asked on the reading thread: the commit thread's line says it)."""
+    return {
+        b.bucket: topic.held_by(b.bucket, b.reached)
+        for b in generation.buckets.values()
+        if b.reached < b.marker
+    }
+
+
 def _progress_line(
-    generation: Generation, chunk: _Reading, read_s: float, commit_s: float, topic: Source
+    generation: Generation,
+    chunk: _Reading,
+    read_s: float,
+    commit_s: float,
+    held_by: dict[int, str],
 ) -> str:
     """The line a chunk logs; an unfinished bucket says which part of the source it is in."""
     records, jobs = chunk.records, len(chunk.jobs)
@@ -663,7 +679,7 @@ def _progress_line(
     done = sum(b.reached - b.start for b in generation.buckets.values())
     per_bucket = "  ".join(
         f"{b.bucket}:{_percent(b.reached - b.start, b.marker - b.start)}"
-        + (f" {topic.held_by(b.bucket, b.reached)}" if b.reached < b.marker else "")
+        + (f" {held_by[b.bucket]}" if b.bucket in held_by else "")
         for b in generation.buckets.values()
     )
     in_jobs = f", {jobs} Spark jobs" if jobs > 1 else ""
