@@ -5,7 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARCHIVE := $(VENV)/.class-archive
-READER := $(VENV)/.log-reader
+# The oldest and the newest Python the package supports (tests/pythons.py): the unit
+# tests run on each in a virtualenv of its own, the full suite on .venv's.
+OLDEST := 3.10
+NEWEST := 3.13
 # Independent steps run side by side: the linters beside the class-data archive (each
 # about a core for most of a minute), the browser's install beside the packages'.
 MAKEFLAGS += --jobs=2
@@ -21,17 +24,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[dev]'
 	touch $(STAMP)
 
-# The log's reader inside Spark's JVM (backlog_dagster/log/jvm_reader.py): Debian's SQLite
-# JDBC driver, then javac against PySpark's jars (a few seconds).
-$(READER): $(STAMP) backlog_dagster/log/jvm/LogRangeSource.java
-	@test -f /usr/share/java/sqlite-jdbc.jar || \
-	  (DEBIAN_FRONTEND=noninteractive apt-get install -y -q libxerial-sqlite-jdbc-java || \
-	   (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libxerial-sqlite-jdbc-java))
-	$(BIN)/backlog-dagster spark log-reader
-	touch $(READER)
+# A virtualenv per other Python, for its unit tests: .venv-3.10, .venv-3.13.
+.venv-%/.installed: pyproject.toml $(STAMP)
+	$(BIN)/uv venv --quiet --python "$$($(BIN)/python tests/pythons.py $*)" .venv-$*
+	$(BIN)/uv pip install --quiet --compile-bytecode --python .venv-$*/bin/python -e '.[dev]'
+	touch $@
 
 # The class-data archive local Spark drivers start from (about a third less CPU a start).
-$(ARCHIVE): $(READER)
+$(ARCHIVE): $(STAMP)
 	$(BIN)/backlog-dagster spark class-archive
 	touch $(ARCHIVE)
 

@@ -71,9 +71,8 @@ def ours(spark: SparkSession, config: PipelineConfig, interval: float) -> dict[s
 def pure_batch(spark: SparkSession, topic: Topic, sink_path: Path) -> dict[str, Any]:
     """One Spark batch job over every record, its result written to an SQLite table.
 
-    It reads the log the fastest way the session can (``Topic.read_batch`` of every
-    bucket's range: inside Spark's JVM when the session has the log's JVM reader, else
-    the ``bucketlog`` data source), as the backlog does: the ratio compares the backlog's
+    It reads the log as the backlog does (``Topic.read_batch`` of every bucket's range,
+    the ``bucketlog`` data source): the ratio compares the backlog's
     own work around the read, not two readers."""
     started = time.perf_counter()
     bounds = topic.bounds()

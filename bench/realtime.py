@@ -48,7 +48,6 @@ from run import PRESETS, _latency_at, machine
 from backlog_dagster.phases import micro_batch, transform
 from backlog_dagster.phases.transform import LateWindows
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.spark import checkpoint_files
 from backlog_dagster.spark.records import BUCKET_COLUMN, OFFSET_COLUMN
 
 if TYPE_CHECKING:
@@ -56,7 +55,6 @@ if TYPE_CHECKING:
 
 READ_HERE = micro_batch.READ_HERE_MAX_RECORDS
 ONE_TASK = micro_batch.ONE_TASK_MAX_RECORDS
-USE_FOR_QUERIES = checkpoint_files.use_for_queries
 WITHOUT_LATE_WINDOWS = transform._without_late_windows
 WITH_SLIDING_WINDOWS = transform.with_sliding_windows
 
@@ -109,9 +107,6 @@ class Variant:
     pipelines: tuple[str, ...] = ("customer_totals",)
     #: Session settings over the project's while the variant runs.
     session_conf: dict[str, str] = field(default_factory=dict)
-    #: Whether a query writes its checkpoint with the project's manager, where Spark's
-    #: file-system one would start a ``chmod`` process per file (``spark.checkpoint_files``).
-    project_checkpoint_files: bool = True
     #: Another ``transform.window`` for every pipeline.
     window: dict[str, str] | None = None
     #: Whether late sliding windows are left out as before: by a filter naming them and a
@@ -127,22 +122,12 @@ FILE_CONTEXT = {
     )
 }
 
-#: Spark's file-system manager, which a query keeps when the project's is not swapped in
-#: (the project's session default; once a query took the project's, the session names it).
-FILE_SYSTEM = {checkpoint_files.SETTING: checkpoint_files.SPARK_MANAGER}
-
 ALL_THREE = ("customer_totals", "region_minutes", "region_daily")
 #: Windows whose slide the workload's late records (31 s to 5 min) miss every micro-batch.
 MINUTE_SLIDE = {"size": "2m", "slide": "1m", "allowed_lateness": "30s"}
 
 VARIANTS: dict[str, Variant] = {
     "0.5 s, Spark's default checkpoint files (before)": Variant(0.5, session_conf=FILE_CONTEXT),
-    "0.5 s, Spark's file-system checkpoint files (before)": Variant(
-        0.5, session_conf=FILE_SYSTEM, project_checkpoint_files=False
-    ),
-    "all three at once, 0.5 s, Spark's file-system checkpoint files (before)": Variant(
-        0.5, pipelines=ALL_THREE, session_conf=FILE_SYSTEM, project_checkpoint_files=False
-    ),
     "0.5 s, Spark's scan, 4 partitions (before)": Variant(
         0.5, {"shuffle_partitions": 4}, read_here=False
     ),
@@ -190,9 +175,6 @@ def main() -> None:
                     READ_HERE if variant.read_here else {False: -1, True: -1}
                 )
                 micro_batch.ONE_TASK_MAX_RECORDS = ONE_TASK if variant.one_task else -1
-                checkpoint_files.use_for_queries = (
-                    USE_FOR_QUERIES if variant.project_checkpoint_files else _spark_s_manager
-                )
                 transform._without_late_windows = (
                     _late_windows_named if variant.late_windows_named else WITHOUT_LATE_WINDOWS
                 )

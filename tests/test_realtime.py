@@ -347,18 +347,6 @@ def test_realtime_continues_from_the_backlog_state_exactly(
     assert sum(topic.latest_offsets().values()) - sum(markers.values()) == 16_000
     oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
     assert_same(results, oracle, ["customer_id"])
-    assert_checkpoint_written_without_checksums(tmp_path / "checkpoint")
-
-
-def assert_checkpoint_written_without_checksums(checkpoint: Path) -> None:
-    """The query's offset and commit logs were written by the project's checkpoint
-    manager (``spark.checkpoint_files``): Spark's own, through Hadoop's checksummed local
-    file system, writes a ``.crc`` file beside each (and a ``chmod`` process for both)."""
-    logs = [checkpoint / "offsets", checkpoint / "commits"]
-    # A micro-batch's commit log follows its commit to the sink.
-    wait_for(lambda: all(log.is_dir() and any(log.iterdir()) for log in logs), timeout=30)
-    written = [path.name for log in logs for path in log.iterdir()]
-    assert not [name for name in written if name.endswith(".crc")], written
 
 
 def test_a_small_micro_batch_read_where_it_commits_is_aggregated_without_a_shuffle(

@@ -3,7 +3,6 @@ pyspark installation: a Spark Connect server, and a standalone cluster of two wo
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -20,7 +19,6 @@ import pytest
 from backlog_dagster.log import Topic
 from backlog_dagster.phases.micro_batch import (
     LOCK_PATIENCE_S,
-    ONE_TASK_MAX_RECORDS,
     MicroBatchCommit,
     unreachable_in,
 )
@@ -41,7 +39,7 @@ from tests.pipelines import (
     write_defs,
 )
 from tests.test_backlog import kill_all, start_phase, wait_for
-from tests.test_realtime import assert_checkpoint_written_without_checksums, reached
+from tests.test_realtime import reached
 
 
 @pytest.fixture(scope="module")
@@ -112,9 +110,9 @@ def test_on_spark_connect_a_dead_runs_query_commits_nothing_and_stops_and_the_ne
 
     rerun = start_phase(defs, tmp_path, phase="realtime", temp=tmp_path / "temp")
     wait_for(lambda: reached(config) == topic.latest_offsets(), timeout=180)
-    # The server wrote the query's checkpoint (on this machine) with the project's manager.
+    # The server wrote the query's checkpoint on this machine, where the run said.
     (checkpoint,) = (tmp_path / "temp").glob("realtime-checkpoint-*")
-    assert_checkpoint_written_without_checksums(checkpoint)
+    assert any((checkpoint / "commits").iterdir())
     workers = commit_workers(connect)
     assert workers, "the commits do not run on the Connect server"
     for pid in workers:
@@ -262,7 +260,7 @@ def test_the_server_s_sessions_share_its_generated_code_and_python_workers(
     connect: servers.SparkServer,
 ) -> None:
     """Each run is a session of its own. On the server the project starts
-    (``spark/jvm/ConnectServer.java``) a session's query whose plan another session ran
+    (``spark.connect_main``) a session's query whose plan another session ran
     before generates no code of its own (Spark's cache of compiled plan code holds), and
     its Python UDF runs in the Python workers that were started for the other."""
     script = (
@@ -289,63 +287,6 @@ def test_the_server_s_sessions_share_its_generated_code_and_python_workers(
     run_in_a_session()
     assert code_generated() == generated
     assert python_daemons(connect) == daemons
-
-
-_PLAN_OF_A_MICRO_BATCH = """
-import contextlib, io, json, sys
-from backlog_dagster.phases import micro_batch
-from backlog_dagster.phases.transform import partial_results, read_schema
-from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.source import open_source
-from backlog_dagster.spark.session import get_session
-
-config = PipelineConfig.model_validate_json(sys.argv[2])
-spark = get_session(sys.argv[1])
-plans = {}
-with open_source(config) as source:
-    schema = read_schema(config, source)
-    batch = source.read_batch(spark, schema)  # stands in for the stream's DataFrame
-    latest = source.latest_offsets()
-    for count in json.loads(sys.argv[3]):
-        start = {b: latest[b] - count // len(latest) for b in latest}
-        records, _ = micro_batch._records_of(
-            batch, batch.schema, source, start, latest, windowed=False
-        )
-        plan = io.StringIO()
-        with contextlib.redirect_stdout(plan):
-            partial_results(records, config).explain()
-        plans[count] = plan.getvalue()
-print(json.dumps(plans))
-"""
-
-
-def test_on_the_server_a_small_micro_batch_read_in_its_jvm_is_aggregated_without_a_shuffle(
-    connect: servers.SparkServer, make_topic: MakeTopic, tmp_path: Path
-) -> None:
-    """A micro-batch of up to ``ONE_TASK_MAX_RECORDS`` that the source reads in Spark's
-    JVM is aggregated in one task; a larger one is spread over the server's cores."""
-    make_topic(records=2 * ONE_TASK_MAX_RECORDS + 2_000, buckets=2)
-    config = pipeline(tmp_path, CUSTOMER_TOTALS)
-    counts = [2_000, 2 * ONE_TASK_MAX_RECORDS]
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _PLAN_OF_A_MICRO_BATCH,
-            connect.url,
-            config.model_dump_json(by_alias=True),
-            json.dumps(counts),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    plans = json.loads(done.stdout.strip().splitlines()[-1])
-    small, large = plans[str(counts[0])], plans[str(counts[1])]
-    assert "LogRangeSource" in small and "HashAggregate" in small
-    assert "Exchange" not in small
-    assert "Exchange" in large
 
 
 def test_a_picked_port_is_free_and_not_one_the_kernel_hands_out_for_bind_0() -> None:

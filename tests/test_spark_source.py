@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.readwriter import DataFrameReader
 
 from backlog_dagster.log import Payload, create_topic, parse_ddl
-from backlog_dagster.log.workload import ORDERS_DDL, ORDERS_SCHEMA
-from backlog_dagster.spark.source import read_ranges, share_read_limit
+from backlog_dagster.log.workload import ORDERS_DDL
+from backlog_dagster.spark.source import share_read_limit
 from tests.conftest import MakeTopic, all_records, append_orders
 
 
@@ -335,61 +334,3 @@ def test_a_stream_option_that_is_not_a_positive_number_is_refused_by_name(
     source = BucketLogDataSource({"path": str(topic.path), **options})
     with pytest.raises(ValueError, match=refusal):
         source.streamReader(source.schema())
-
-
-@pytest.mark.parametrize("compression", [None, "zstd"])
-def test_the_jvm_reader_reads_the_records_the_python_source_reads(
-    spark: SparkSession, tmp_path: Path, compression: str | None
-) -> None:
-    """Ranges that start and end inside stored blobs, every metadata column, the same
-    tasks: the log's JVM reader (what the project's batch reads use) and the Python data
-    source give the same rows."""
-    topic = create_topic(
-        tmp_path / "orders",
-        ORDERS_SCHEMA,
-        timestamp_column="event_time",
-        buckets=3,
-        compression=compression,
-    )
-    for _ in range(4):  # several blobs a bucket
-        append_orders(topic, 3_000)
-    assert topic.reads_in_jvm(spark)
-    latest = topic.latest_offsets()
-    start = {b: 17 + b for b in topic.buckets()}
-    end = {b: latest[b] - 5 * b for b in topic.buckets()}
-    schema = (
-        "event_time TIMESTAMP, amount DOUBLE, customer_id STRING, _bucket INT, _offset BIGINT, "
-        "_timestamp TIMESTAMP, _appended_at TIMESTAMP"
-    )
-    for declared in (schema, None):
-        jvm = topic.read_batch(spark, declared, start, end)
-        python = read_ranges(spark, reader_of(spark, topic.path), declared, start, end)
-        assert jvm.schema == python.schema
-        assert sorted(map(tuple, jvm.collect())) == sorted(map(tuple, python.collect()))
-        assert jvm.rdd.getNumPartitions() == python.rdd.getNumPartitions()
-    assert sum(end[b] - start[b] for b in end) == jvm.count()
-
-
-#: A failed job, as a local Spark reports it: Spark's Python errors as PySpark's, a
-#: reader's Java exception as py4j's.
-JOB_FAILED = (PySparkException, Py4JJavaError)
-
-
-def test_the_jvm_reader_refuses_what_the_python_source_refuses(
-    spark: SparkSession, make_topic: MakeTopic
-) -> None:
-    """A range the log no longer holds (or not yet), a column it lacks or stores as
-    another type: the same words as the Python source's."""
-    topic = make_topic(records=4000, buckets=1)
-    for declared, words in (
-        ("price DOUBLE", "column 'price' is not in topic orders"),
-        ("amount STRING", "column 'amount' is double in topic orders, declared as string"),
-    ):
-        with pytest.raises(ValueError, match=words):
-            topic.read_batch(spark, declared, {0: 0}, {0: 10})
-    topic.bucket(0).truncate_before(1500)
-    latest = topic.latest_offsets()[0]
-    with pytest.raises(JOB_FAILED, match=r"bucket 0: offset 10 is below the earliest offset 1500"):
-        topic.read_batch(spark, None, {0: 10}, {0: latest}).collect()
-    with pytest.raises(JOB_FAILED, match=rf"bucket 0: offset {latest + 1} is past"):
-        topic.read_batch(spark, None, {0: 1500}, {0: latest + 1}).collect()

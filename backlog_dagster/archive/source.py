@@ -313,9 +313,6 @@ class ArchiveThenLog:
             )
         return frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
 
-    def reads_in_jvm(self, spark: SparkSession) -> bool:
-        return False
-
     def stream_reader(self, spark: SparkSession) -> DataStreamReader:
         from backlog_dagster.archive.spark import FORMAT
 

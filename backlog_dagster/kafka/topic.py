@@ -380,9 +380,6 @@ class KafkaTopic:
         reader = spark.read.format(SPARK_FORMAT).options(**self.settings.to_options())
         return read_ranges(spark, reader, schema, start, end, tasks)
 
-    def reads_in_jvm(self, spark: SparkSession) -> bool:
-        return False
-
     def stream_reader(self, spark: SparkSession) -> DataStreamReader:
         return spark.readStream.format(SPARK_FORMAT).options(**self.settings.to_options())
 

@@ -197,28 +197,10 @@ class Topic:
         end: Mapping[int, int] | None = None,
         tasks: int | None = None,
     ) -> DataFrame:
-        from backlog_dagster.log import jvm_reader
-        from backlog_dagster.spark.session import read_tasks
-        from backlog_dagster.spark.source import FORMAT, own_schema, plan_tasks, read_ranges
+        from backlog_dagster.spark.source import FORMAT, read_ranges
 
-        ranges = start is not None and end is not None and set(start) == set(end)
-        if ranges and self.reads_in_jvm(spark):
-            assert start is not None and end is not None
-            planned = plan_tasks(
-                {str(b): o for b, o in start.items()},
-                dict(sorted((str(b), o) for b, o in end.items())),
-                tasks=read_tasks(spark, tasks),
-            )
-            return jvm_reader.read(spark, self, schema or own_schema(self.schema), planned)
         reader = spark.read.format(FORMAT).option("path", str(self.path))
         return read_ranges(spark, reader, schema, start, end, tasks)
-
-    def reads_in_jvm(self, spark: SparkSession) -> bool:
-        """Typed records, on a Spark launched with the log's JVM reader
-        (``log.jvm_reader``); JSON text is parsed by the Python data source."""
-        from backlog_dagster.log import jvm_reader
-
-        return self.payload is Payload.ARROW and jvm_reader.on(spark)
 
     def stream_reader(self, spark: SparkSession) -> DataStreamReader:
         from backlog_dagster.spark.source import FORMAT

@@ -283,18 +283,14 @@ class MicroBatchCommit:
 READ_HERE_MAX_RECORDS = {False: 15_000, True: 200_000}
 
 
-#: A micro-batch of up to this many records, read here or by the source's reader in
-#: Spark's JVM, is aggregated in one Spark task: one partition holds every key, so the
-#: plan has no shuffle (a stage per aggregation, its tasks and shuffle files) and no
-#: partial aggregation before it. Measured in one warm local session (customer_totals'
-#: aggregation of records handed over as Arrow, medians of 150): 10,000 records 55 ms and
-#: 86 ms of CPU in one task against 72 ms and 117 ms over two tasks and a shuffle; 40,000
-#: records 143 ms against 178 ms. On a Spark Connect server reading in its JVM (10,000
-#: records, the realtime settings, medians of four rounds of 15 commits, alternating):
-#: the sum per customer 74 ms and 130 ms of server CPU against 88 ms and 168 ms, sliding
-#: windows with every aggregation function 114 ms and 205 ms against 147 ms and 273 ms.
-#: Through a Python data source it did not pay on that server (measured 2026-11-26,
-#: BENCHMARKS.md), so that scan is left as Spark plans it.
+#: A micro-batch of up to this many records, read here, is aggregated in one Spark task:
+#: one partition holds every key, so the plan has no shuffle (a stage per aggregation,
+#: its tasks and shuffle files) and no partial aggregation before it. Measured in one
+#: warm local session (customer_totals' aggregation of records handed over as Arrow,
+#: medians of 150): 10,000 records 55 ms and 86 ms of CPU in one task against 72 ms and
+#: 117 ms over two tasks and a shuffle; 40,000 records 143 ms against 178 ms. Spark's
+#: scan of a Python data source on a Connect server is left as Spark plans it: one task
+#: there did not pay (BENCHMARKS.md).
 ONE_TASK_MAX_RECORDS = 50_000
 
 
@@ -308,7 +304,7 @@ def _records_of(
 ) -> tuple[DataFrame, pa.Table | None]:
     """The micro-batch's records: read here when small and every bucket's start is known
     (a bucket born since the query started begins where Spark's reader found it), then
-    also as the Arrow table Spark was handed; else Spark's scan (``_scan``), and None.
+    also as the Arrow table Spark was handed; else the query's own scan, and None.
 
     On Spark Connect, records read here would reach the server as a local relation,
     which its optimizer evaluates row by row (``ConvertToLocalRelation``; with turning
@@ -324,30 +320,11 @@ def _records_of(
     spark = batch.sparkSession
     if is_connect(spark):
         as_arrow = read_here(topic, schema, start, end) if windowed and small else None
-        return _scan(batch, schema, topic, start, end, count), as_arrow
+        return batch, as_arrow
     if not small:
-        return _scan(batch, schema, topic, start, end, count), None
+        return batch, None
     table = read_here(topic, schema, start, end)
     return _in_one_task(spark.createDataFrame(table, schema), table.num_rows), table
-
-
-def _scan(
-    batch: DataFrame,
-    schema: StructType,
-    topic: Source,
-    start: dict[int, int],
-    end: dict[int, int],
-    count: int,
-) -> DataFrame:
-    """Spark's scan of the micro-batch's ``count`` records: the source's batch read of the
-    same ranges where that read needs no Python worker (``Source.reads_in_jvm``: measured
-    on a shared Connect server, a Python data source's hand-over was half of a
-    10,000-record micro-batch's job, ``bench/source_cost.py``), else the query's own
-    scan."""
-    spark = batch.sparkSession
-    if not topic.reads_in_jvm(spark):
-        return batch
-    return _in_one_task(topic.read_batch(spark, schema, {b: start[b] for b in end}, end), count)
 
 
 def _in_one_task(records: DataFrame, count: int) -> DataFrame:

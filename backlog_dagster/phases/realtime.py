@@ -61,7 +61,6 @@ from backlog_dagster.phases.watermark import judged_by_arrival
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation, Sink, SinkUnreachable
 from backlog_dagster.source import Source, open_source
-from backlog_dagster.spark import checkpoint_files
 from backlog_dagster.spark.session import (
     Reopen,
     connect_session_closed,
@@ -559,7 +558,6 @@ def _start_query(
     if 0 < interval <= PACED_UP_TO_S:
         stream, trigger = stream.option("microBatchInterval", str(interval)), 0
     records = stream.load()
-    checkpoint_files.use_for_queries(records.sparkSession)
     writer = (
         records.writeStream.queryName(f"{config.name}_realtime")
         .foreachBatch(commit)

@@ -96,7 +96,7 @@ def apply_function(records: DataFrame, spec: str) -> DataFrame:
     Python UDFs of the function's module go to Spark by value, not by name: Spark's
     Python workers then run the code this run loaded, even a worker kept from an earlier
     run (a Connect server started here shares its workers across runs,
-    ``spark/jvm/ConnectServer.java``), and they need not import the module."""
+    ``spark.connect_main``), and they need not import the module."""
     from pyspark import cloudpickle
     from pyspark.sql import DataFrame
 

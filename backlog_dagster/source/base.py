@@ -149,10 +149,6 @@ class Source(Protocol):
         Read in at least ``tasks`` Spark tasks, and at least as many as Spark runs at
         once (``spark.session.read_tasks``)."""
 
-    def reads_in_jvm(self, spark: SparkSession) -> bool:
-        """Whether ``read_batch`` of given ranges reads in ``spark``'s JVM, with no Python
-        worker (cheaper than the query's own scan of a micro-batch)."""
-
     def stream_reader(self, spark: SparkSession) -> DataStreamReader:
         """A Spark stream reader over the source; the caller adds ``startingOffsets``
         and ``maxRecordsPerTrigger``."""

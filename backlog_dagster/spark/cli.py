@@ -14,8 +14,8 @@ from backlog_dagster.spark.sample_run import DEFAULT_WARM_UP_S
 
 @click.group("spark")
 def spark_group() -> None:
-    """A Spark that outlives runs (a Spark Connect server or a standalone cluster), the
-    class-data archive that local drivers start from, and the log's JVM reader."""
+    """A Spark that outlives runs (a Spark Connect server or a standalone cluster), and the
+    class-data archive that local drivers start from."""
 
 
 @spark_group.command("class-archive")
@@ -24,19 +24,6 @@ def write_class_archive() -> None:
     and Java: about a third less CPU for each start after it; `make` writes it)."""
     try:
         class_archive.write_archive(click.echo)
-    except RuntimeError as error:
-        raise click.ClickException(str(error)) from None
-
-
-@spark_group.command("log-reader")
-def build_log_reader() -> None:
-    """Build the embedded log's reader for Spark's JVM (once per PySpark; needs a JDK and
-    Debian's libxerial-sqlite-jdbc-java; `make` builds it): a Spark this project starts
-    then reads the log without a Python worker."""
-    from backlog_dagster.log import jvm_reader
-
-    try:
-        jvm_reader.build(click.echo)
     except RuntimeError as error:
         raise click.ClickException(str(error)) from None
 

@@ -24,21 +24,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from backlog_dagster.spark import compiler_priority, java_build
+from backlog_dagster.spark import compiler_priority, connect_main
 from backlog_dagster.spark.home import launch_home
 from backlog_dagster.spark.session import (
     LAUNCH_CONF,
     SESSION_CONF,
     with_driver_java_option,
-    with_project_jars,
 )
 
-#: The project's Connect server (``jvm/ConnectServer.java``): Spark's own service, its
-#: sessions sharing Spark's compiled code and Python workers; Spark's own server where
-#: there is no JDK to build it.
-SERVER_SOURCE = Path(__file__).with_name("jvm") / "ConnectServer.java"
-SERVER_CLASS = "backlogdagster.spark.ConnectServer"
-SPARK_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+#: Spark's Connect service as a plugin of the server's application
+#: (``spark.connect_main``), its sessions sharing Spark's compiled code and Python workers.
+CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 
@@ -106,7 +102,7 @@ def start_connect_server(
     Every client gets a session of its own (its SQL settings, its temporary views and
     streaming queries); the server's Spark is shared under the fair scheduler, and so are
     the classes it generates and compiles for query plans and its Python workers
-    (``jvm/ConnectServer.java``). Its JIT compilers start together, to be niced once it
+    (``spark.connect_main``). Its JIT compilers start together, to be niced once it
     listens (``spark.compiler_priority``).
     """
     folder.mkdir(parents=True, exist_ok=True)
@@ -121,15 +117,18 @@ def start_connect_server(
         "spark.scheduler.mode": "FAIR",
         "spark.scheduler.allocation.file": str(pools),
         "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.sql.artifact.isolation.enabled": "false",
         **conf,
     }
-    settings = with_project_jars(with_driver_java_option(settings, compiler_priority.JAVA_OPTION))
-    jar = java_build.built_on_first_use(SERVER_SOURCE, "connect-server")
-    command = ["bin/spark-submit", "--class", SPARK_SERVER_CLASS if jar is None else SERVER_CLASS]
-    command += ["--name", "backlog-dagster", "--master", master]
+    plugins = ",".join(p for p in (settings.get("spark.plugins", ""), CONNECT_PLUGIN) if p)
+    settings = with_driver_java_option(
+        {**settings, "spark.plugins": plugins}, compiler_priority.JAVA_OPTION
+    )
+    command = ["bin/spark-submit", "--name", "backlog-dagster", "--master", master]
     for key, value in settings.items():
         command += ["--conf", f"{key}={value}"]
-    command += ["spark-internal" if jar is None else str(jar)]
+    command += [connect_main.__file__]
     return _start("connect server", f"sc://{host}:{port}", port, command, folder)
 
 

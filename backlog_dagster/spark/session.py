@@ -9,8 +9,6 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from backlog_dagster.log import jvm_reader
-from backlog_dagster.spark import checkpoint_files, java_build
 from backlog_dagster.spark.class_archive import DRIVER_JAVA_OPTIONS, driver_java_option
 from backlog_dagster.spark.home import spark_home
 
@@ -37,9 +35,7 @@ if TYPE_CHECKING:
 #: of 8 (``bench/realtime.py``, medians of three). The FileSystem API writes each file
 #: the same way (a temporary file, then a rename: atomic on a local disk). A query's
 #: checkpoint is a folder of its own run on the machine where Spark runs
-#: (``phases.micro_batch.batch_start``). Where Spark has the project's own manager, a
-#: query takes that as it starts (``spark.checkpoint_files``): the same, without the
-#: ``chmod`` processes that Hadoop's FileSystem API still starts.
+#: (``phases.micro_batch.batch_start``).
 SESSION_CONF: Mapping[str, str] = {
     "spark.sql.ansi.enabled": "false",
     "spark.sql.session.timeZone": "UTC",
@@ -47,7 +43,10 @@ SESSION_CONF: Mapping[str, str] = {
     "spark.sql.adaptive.enabled": "true",
     "spark.sql.execution.arrow.maxRecordsPerBatch": "65536",
     "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "4096",
-    checkpoint_files.SETTING: checkpoint_files.SPARK_MANAGER,
+    "spark.sql.streaming.checkpointFileManagerClass": (
+        "org.apache.spark.sql.execution.streaming.checkpointing."
+        "FileSystemBasedCheckpointFileManager"
+    ),
 }
 #: Settings of a Spark this process starts (local or a cluster it submits to); a Spark
 #: Connect server fixed them when it started. The UI is off because nothing here looks
@@ -79,27 +78,16 @@ def with_driver_java_option(settings: Mapping[str, str], option: str) -> dict[st
     return {**settings, DRIVER_JAVA_OPTIONS: f"{option} {given}".strip()}
 
 
-def with_project_jars(settings: Mapping[str, str]) -> dict[str, str]:
-    """``settings`` with the project's jars for a Spark it launches: the log's JVM reader
-    (``log.jvm_reader``) and the checkpoint manager (``spark.checkpoint_files``), each
-    where it is built."""
-    jars = [*jvm_reader.launch_jars(), *checkpoint_files.launch_jars()]
-    return java_build.with_jars(settings, jars)
-
-
 def spark_config(master: str, app_name: str, conf: Mapping[str, str] = {}) -> dict[str, str]:
     """Every setting of a session on ``master``: this project's defaults, then ``conf``.
 
     A Spark Connect server (``sc://``) takes session (``spark.sql.*``) settings only; a
     launch setting for it is refused, naming it, rather than silently not applied. A
     driver this process starts maps its classes from the class-data archive when one
-    fits (``spark.class_archive``), before any Java options ``conf`` gives, and gets
-    the project's jars (``with_project_jars``).
+    fits (``spark.class_archive``), before any Java options ``conf`` gives.
     """
     if not master.startswith("sc://"):
-        settings = with_project_jars(
-            {"spark.master": master, "spark.app.name": app_name, **DEFAULT_CONF, **conf}
-        )
+        settings = {"spark.master": master, "spark.app.name": app_name, **DEFAULT_CONF, **conf}
         archive = driver_java_option(settings)
         return settings if archive is None else with_driver_java_option(settings, archive)
     fixed = sorted(key for key in conf if not key.startswith("spark.sql."))
