@@ -18,11 +18,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from dateutil.parser import isoparse
 from rich.console import Console
 from rich.table import Table
 
@@ -426,7 +426,7 @@ def _summary(pipelines: dict[str, PipelineConfig], lags: dict[str, list[int]]) -
 def _cell(column: str, value: object) -> str:
     """A value as the results view shows it: window bounds as date-times (UTC)."""
     if column in (WINDOW_START, WINDOW_END) and isinstance(value, str):
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        moment = isoparse(value)
         return moment.strftime("%Y-%m-%d %H:%M:%S")
     return f"{value:,.2f}" if isinstance(value, float) else str(value)
 

@@ -21,7 +21,7 @@ import shutil
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +92,7 @@ def measure(scratch: Path, records: int, repeat: int) -> dict[str, Any]:
     return {
         "records": records,
         "repeat": repeat,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "archive_write_records_per_second": round(records / archive_s),
         "backlog": cases,

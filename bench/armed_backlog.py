@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,7 @@ def main() -> None:
     finally:
         shutil.rmtree(data, ignore_errors=True)
     results = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "records": args.records,
         "repeat": args.repeat,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,7 @@ def main() -> None:
                 "ours_over_pure_batch": medians["pure_batch"] / medians["ours"],
             }
     results = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "repeat": args.repeat,
         "warm_up": args.warm_up,

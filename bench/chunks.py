@@ -27,7 +27,7 @@ import shutil
 import statistics
 import sys
 import tempfile
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -106,7 +106,7 @@ def measure(scratch: Path, dsn: str, records: int, repeat: int) -> dict[str, Any
     return {
         "records": records,
         "repeat": repeat,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "intervals": cases,
         "per_chunk": per_chunk([r for i in INTERVALS if i for r in runs["sqlite", i]]),

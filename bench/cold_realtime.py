@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,7 @@ def main() -> None:
                 flush=True,
             )
     results = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "interval_s": INTERVAL_S,
         "live_seconds": args.seconds,

@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     started = time.monotonic()
     # Each Spark mode has result files and a BENCHMARKS.md section of its own.
-    stem = RESULTS / f"{datetime.now(UTC):%Y-%m-%d}-crash"
+    stem = RESULTS / f"{datetime.now(timezone.utc):%Y-%m-%d}-crash"
     section = "bench/crash.py"
     if args.spark_connect:
         stem, section = stem.with_name(stem.name + "-spark-connect"), section + " --spark-connect"
@@ -83,7 +83,7 @@ def main() -> None:
 
     def write() -> None:
         figures = {
-            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "settings": earlier.get("settings", vars(args)),
             "resumed": earlier.get("resumed", []) + ([vars(args)] if args.resume else []),
             "kill_points": points,

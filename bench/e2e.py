@@ -103,12 +103,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import numpy as np
+from dateutil.parser import isoparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the harness in tests/
@@ -301,7 +302,7 @@ def measure(
         "records": args.records,
         "live_rate": args.live_rate,
         "repeat": args.repeat,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "cases": {case: summarize(case_runs) for case, case_runs in runs.items()},
         "runs": runs,
@@ -569,7 +570,7 @@ def micro_batches(events: Path, began: float) -> list[dict[str, Any]]:
                 if PROGRESS_EVENT not in line:
                     continue
                 progress = json.loads(line)["progress"]
-                at = datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00"))
+                at = isoparse(progress["timestamp"].replace("Z", "+00:00"))
                 found.append(
                     {
                         "query": progress.get("name"),

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +120,7 @@ def measure(scratch: Path, records: int, repeat: int, python: Path) -> dict[str,
     return {
         "records": records,
         "repeat": repeat,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "flink": {"version": flink["version"], "parallelism": flink["parallelism"]},
         "backlog": cases,

@@ -26,7 +26,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from backlog_dagster.log import create_topic
@@ -138,7 +138,7 @@ def main() -> None:
 
     report = {
         "benchmark": "log_read",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "records": args.records,
         "buckets": args.buckets,
         "repeat": args.repeat,
@@ -153,7 +153,7 @@ def main() -> None:
         "figures": figures,
     }
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"log_read-{datetime.now(UTC):%Y-%m-%d}.json"
+    out = RESULTS / f"log_read-{datetime.now(timezone.utc):%Y-%m-%d}.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out.relative_to(RESULTS.parent.parent)}")
 

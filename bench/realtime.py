@@ -35,7 +35,7 @@ import operator
 import statistics
 import sys
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,10 +57,6 @@ READ_HERE = micro_batch.READ_HERE_MAX_RECORDS
 ONE_TASK = micro_batch.ONE_TASK_MAX_RECORDS
 WITHOUT_LATE_WINDOWS = transform._without_late_windows
 WITH_SLIDING_WINDOWS = transform.with_sliding_windows
-
-
-def _spark_s_manager(spark: object) -> None:
-    """A query keeps the session's manager: Spark's file-system one, as before."""
 
 
 def _late_windows_named(records: DataFrame, late: LateWindows, size_us: int) -> DataFrame:
@@ -202,7 +198,7 @@ def main() -> None:
                         spark.conf.set(key, value)
                 runs[name].append(row)
     results = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "live_rate": preset.live_rate,
         "seconds": args.seconds,

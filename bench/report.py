@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,7 @@ def publish(name: str, results: dict[str, Any], script: str, section: str) -> Pa
     """Write ``results`` to ``bench/results/<date>-<name>.json`` and ``section`` between
     ``script``'s markers in ``BENCHMARKS.md``; the JSON's path."""
     root = Path(__file__).resolve().parent.parent
-    path = root / "bench" / "results" / f"{datetime.now(UTC):%Y-%m-%d}-{name}.json"
+    path = root / "bench" / "results" / f"{datetime.now(timezone.utc):%Y-%m-%d}-{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2) + "\n")
     replace_section(

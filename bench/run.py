@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -147,7 +147,7 @@ def main() -> None:
             "preset": args.size,
             "settings": asdict(preset),
             "machine": machine(),
-            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         figures["catch_up"] = catch_up(scratch, preset, args.master)
         figures["scaling"] = scaling(scratch, preset, args.master)
@@ -157,7 +157,7 @@ def main() -> None:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"{datetime.now(UTC):%Y-%m-%d}-{args.size}"
+    stem = RESULTS / f"{datetime.now(timezone.utc):%Y-%m-%d}-{args.size}"
     stem.with_suffix(".json").write_text(json.dumps(figures, indent=2) + "\n")
     write_plot(figures, stem.with_suffix(".png"))
     write_markdown(figures, stem, ROOT / "BENCHMARKS.md")

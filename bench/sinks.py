@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,7 @@ def main() -> None:
                 for kind in COMMIT_KINDS
             }
             figures: dict[str, Any] = {
-                "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "machine": machine(),
                 "settings": vars(args) | {"postgres": "(server named on the command line)"},
                 "commit": commits(configs, args.keys, args.repeat),
@@ -91,7 +91,7 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     figures["bench_seconds"] = round(time.perf_counter() - started, 1)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"sinks-{datetime.now(UTC):%Y-%m-%d}.json"
+    path = RESULTS / f"sinks-{datetime.now(timezone.utc):%Y-%m-%d}.json"
     path.write_text(json.dumps(figures, indent=2) + "\n")
     replace_section(ROOT / "BENCHMARKS.md", BEGIN, END, _markdown(figures, path))
     print(f"wrote {path.relative_to(ROOT)} and BENCHMARKS.md in {figures['bench_seconds']:.0f} s")

@@ -37,9 +37,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from dateutil.parser import isoparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -90,7 +92,7 @@ def main() -> None:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     results = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "live_rate": LIVE_RATE,
         "records_per_micro_batch": RECORDS_PER_BATCH,
@@ -235,7 +237,7 @@ def _produce(topic: Path, seconds: float) -> subprocess.Popen[bytes]:
 
 
 def _unix(timestamp: str) -> float:
-    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    return isoparse(timestamp.replace("Z", "+00:00")).timestamp()
 
 
 def _records(progress: dict[str, Any]) -> int:

@@ -21,7 +21,7 @@ import shutil
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +94,7 @@ def measure(scratch: Path, records: int, repeat: int, partitions: int) -> dict[s
         "records": records,
         "partitions": partitions,
         "repeat": repeat,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "kafka_load_records_per_second": round(records / load_s),
         "backlog": cases,

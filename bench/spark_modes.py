@@ -35,7 +35,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +128,7 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     results["machine"] = machine()
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"{datetime.now(UTC):%Y-%m-%d}-spark-modes.json"
+    out = RESULTS / f"{datetime.now(timezone.utc):%Y-%m-%d}-spark-modes.json"
     out.write_text(json.dumps(results, indent=2))
     replace_section(ROOT / "BENCHMARKS.md", BEGIN, END, _markdown(results))
     print(f"wrote {out.relative_to(ROOT)} and BENCHMARKS.md")

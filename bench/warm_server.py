@@ -24,7 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +75,7 @@ def main() -> None:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     results = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "live_rate": preset.live_rate,
         "seconds": args.seconds,

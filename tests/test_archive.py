@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -44,7 +44,7 @@ END_S = 1_790_000_100
 
 
 def archive(topic: Path, folder: Path, at_s: float, *more: str) -> str:
-    moment = datetime.fromtimestamp(at_s, UTC).isoformat()
+    moment = datetime.fromtimestamp(at_s, timezone.utc).isoformat()
     result = CliRunner().invoke(
         main, ["log", "archive", str(topic), str(folder), "--before-time", moment, *more]
     )

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import psycopg
@@ -126,7 +126,7 @@ def test_windows_late_records_and_dead_letters_read_alike(
     tmp_path: Path, kind: str, dsn: str | None
 ) -> None:
     config = on_sink(pipeline(tmp_path, REGION_MINUTES, name="region_minutes"), kind, dsn)
-    minute = datetime(2026, 9, 21, 10, 0, tzinfo=UTC)
+    minute = datetime(2026, 9, 21, 10, 0, tzinfo=timezone.utc)
     stamp = pa.timestamp("us", tz="UTC")
     results = pa.table(
         {
@@ -180,7 +180,7 @@ def test_windows_late_records_and_dead_letters_read_alike(
 def stateless_rows(offsets: list[int], notes: list[str | None]) -> pa.Table:
     """A stateless pipeline's rows as a run hands them over: the record's columns, its
     bucket and offset."""
-    moment = datetime(2026, 9, 21, 10, 0, 0, 250_000, tzinfo=UTC)
+    moment = datetime(2026, 9, 21, 10, 0, 0, 250_000, tzinfo=timezone.utc)
     return pa.table(
         {
             "order_id": pa.array([100 + o for o in offsets], pa.int64()),
@@ -284,7 +284,7 @@ def test_postgres_results_have_proper_types_and_a_reader_sees_them_agree_with_pr
     config = on_sink(
         pipeline(tmp_path, REGION_MINUTES, name="region_minutes"), "postgres", dsn=postgres_dsn
     )
-    minute = datetime(2026, 9, 21, 10, 0, tzinfo=UTC)
+    minute = datetime(2026, 9, 21, 10, 0, tzinfo=timezone.utc)
     stamp = pa.timestamp("us", tz="UTC")
     with open_sink(config) as sink:
         generation = sink.start_generation({0: (0, 1_000_000)}, "test", "d").number

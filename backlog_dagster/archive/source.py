@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from typing_extensions import Self
 
 from backlog_dagster.archive.layout import ArchiveFile, Format, files, records_in
 from backlog_dagster.source.base import Arrivals, Payload, Source, SourceError, StoredRecords

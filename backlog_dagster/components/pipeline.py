@@ -22,10 +22,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import dagster as dg
 from pydantic import BaseModel, Field
+from typing_extensions import Self
 
 from backlog_dagster.components.scaffold import BacklogPipelineScaffolder
 from backlog_dagster.pipeline.config import BacklogConfig, PipelineConfig

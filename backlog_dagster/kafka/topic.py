@@ -20,10 +20,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
+from typing_extensions import Self
 
 from backlog_dagster.source.base import (
     JSON_VALUE_COLUMN,

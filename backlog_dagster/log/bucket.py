@@ -446,7 +446,10 @@ def _check_precision(bucket: int, name: str, column: pa.ChunkedArray) -> None:
     """
     if not pa.types.is_timestamp(column.type) or column.type.unit != "ns":
         return
-    nanos = pc.remainder(column.cast(pa.int64()), 1000)
+    ticks = column.cast(pa.int64())
+    # ticks - ticks // 1000 * 1000: Arrow's integer division (``remainder`` is newer than
+    # the pyarrow the oldest Python gets).
+    nanos = pc.subtract(ticks, pc.multiply(pc.divide(ticks, 1000), 1000))
     finer = pc.filter(column, pc.not_equal(nanos, 0))
     if len(finer):
         raise ValueError(

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime
 from pathlib import Path
 
 import click
+from dateutil.parser import isoparse
 from rich.console import Console
 from rich.table import Table
 
@@ -279,7 +279,7 @@ def archive(
 
 def _moment_us(text: str) -> int:
     try:
-        moment = datetime.fromisoformat(text)
+        moment = isoparse(text)
     except ValueError as error:
         raise click.BadParameter(f"not an ISO-8601 time: {text!r}") from error
     if moment.tzinfo is None:

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -671,4 +671,4 @@ def _refresh(
     if progress:
         status.batches = status.batches_before_restart + int(progress.get("batchId", -1)) + 1
     if mark.watermark_us is not None:
-        status.watermark = datetime.fromtimestamp(mark.watermark_us / 1e6, UTC).isoformat()
+        status.watermark = datetime.fromtimestamp(mark.watermark_us / 1e6, timezone.utc).isoformat()

@@ -7,9 +7,9 @@ Every field has a description, which Dagster shows in its docs tab and ``dg`` sh
 from __future__ import annotations
 
 import re
-from datetime import datetime
 from typing import Annotated, Literal
 
+from dateutil.parser import isoparse
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -160,7 +160,7 @@ class StartAt(Frozen):
             raise ValueError("give one of timestamp or offsets, not both")
         if self.timestamp is not None:
             try:
-                moment = datetime.fromisoformat(self.timestamp)
+                moment = isoparse(self.timestamp)
             except ValueError:
                 raise ValueError(f"timestamp {self.timestamp!r} is not an ISO-8601 time") from None
             if moment.tzinfo is None:
@@ -170,7 +170,7 @@ class StartAt(Frozen):
     @property
     def timestamp_us(self) -> int:
         assert self.timestamp is not None
-        return int(datetime.fromisoformat(self.timestamp).timestamp() * 1_000_000)
+        return int(isoparse(self.timestamp).timestamp() * 1_000_000)
 
 
 def _earliest(value: object) -> object:

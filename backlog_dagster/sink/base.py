@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol, Self
+from typing import Any, Protocol
 
 import pyarrow as pa
+from typing_extensions import Self
 
 from backlog_dagster.pipeline.results import ResultLayout
 

@@ -32,7 +32,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 import pyarrow as pa
@@ -44,6 +44,7 @@ from tenacity import (
     stop_after_delay,
     wait_exponential,
 )
+from typing_extensions import Self
 
 from backlog_dagster.pipeline.results import RECORD_ID, ResultLayout, visible_record_columns
 from backlog_dagster.pipeline.sketches import merge_sketches

@@ -21,11 +21,12 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
+from typing_extensions import Self
 
 from backlog_dagster.pipeline.results import (
     RECORD_ID,

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol, Self
+from enum import Enum
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
+from typing_extensions import Self
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -34,14 +35,18 @@ class SourceError(RuntimeError):
 JSON_VALUE_COLUMN = "value"
 
 
-class Payload(StrEnum):
-    """How a source holds its records."""
+class Payload(str, Enum):
+    """How a source holds its records (its value is the name stored and written in YAML;
+    ``str`` gives it, as ``enum.StrEnum`` would from Python 3.11 on)."""
 
     #: Typed columns.
     ARROW = "arrow"
     #: One JSON text per record, parsed by the reader against the schema the pipeline
     #: declares (``source.record_schema``); records that do not parse are reported.
     JSON = "json"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class Bounds(Protocol):

@@ -51,9 +51,9 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from dateutil.parser import isoparse
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -560,7 +560,7 @@ def _positive(
 
 def _timestamp_us(text: str) -> int:
     try:
-        moment = datetime.fromisoformat(text)
+        moment = isoparse(text)
     except ValueError as error:
         raise ValueError(f"option startingTimestamp is not an ISO-8601 time: {text!r}") from error
     if moment.tzinfo is None:
