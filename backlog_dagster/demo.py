@@ -43,6 +43,7 @@ from backlog_dagster.log.workload import (
     produce_backlog,
     produce_live,
 )
+from backlog_dagster.pipeline import extras
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.load import load_pipeline
 from backlog_dagster.pipeline.paths import with_paths_under
@@ -191,6 +192,9 @@ def _on_postgres(conninfo: str, home: Path) -> Edit:
     """An edit of the example whose sinks are PostgreSQL ones (schema ``example``) in a
     new database on the server ``conninfo`` names, and a Dagster home whose instance
     keeps its storage there too. The connection strings go to the environment only."""
+    said = extras.problem("postgres")
+    if said is not None:
+        raise click.ClickException(f"--postgres: {said}")
     import psycopg
 
     try:

@@ -7,6 +7,7 @@ Every field has a description, which Dagster shows in its docs tab and ``dg`` sh
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 from dateutil.parser import isoparse
@@ -19,6 +20,8 @@ from pydantic import (
     WithJsonSchema,
     model_validator,
 )
+
+from backlog_dagster.pipeline import extras
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
@@ -526,12 +529,35 @@ def no_password(value: str | FromEnv) -> str | FromEnv:
     return no_written_secret(value)
 
 
+def _with_extra(extra: str) -> Callable[[str], str]:
+    """A validator that refuses a value needing ``extra`` where it is not installed."""
+
+    def installed(value: str) -> str:
+        said = extras.problem(extra)
+        if said is not None:
+            raise ValueError(said)
+        return value
+
+    return installed
+
+
+def _connect_installed(value: str | FromEnv) -> str | FromEnv:
+    """A Spark Connect URL written in the file needs the connect extra (one read from the
+    environment is checked when a run starts, ``spark.resource``)."""
+    if isinstance(value, str) and value.startswith("sc://"):
+        _with_extra("connect")(value)
+    return value
+
+
 class PostgresSinkConfig(Frozen):
     # ``schema`` is also a (deprecated) method of pydantic's BaseModel: the field is
     # ``db_schema`` in Python and ``schema`` in YAML.
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    kind: Literal["postgres"] = Field(description="postgres: tables in a PostgreSQL database.")
+    kind: Annotated[Literal["postgres"], AfterValidator(_with_extra("postgres"))] = Field(
+        description="postgres: tables in a PostgreSQL database (the postgres extra: "
+        "pip install 'backlog-dagster[postgres]')."
+    )
     dsn: Annotated[str | FromEnv, AfterValidator(no_password)] = Field(
         description="libpq connection string or postgresql:// URL, without a password "
         "(~/.pgpass or PGPASSWORD supply one); {env: NAME} reads it from that environment "
@@ -767,7 +793,9 @@ class PipelineConfig(Frozen):
     backlog: BacklogConfig = BacklogConfig()
     realtime: RealtimeConfig = RealtimeConfig()
     switch: SwitchConfig = SwitchConfig()
-    spark_master: Annotated[str | FromEnv, AfterValidator(no_written_secret)] = Field(
+    spark_master: Annotated[
+        str | FromEnv, AfterValidator(no_written_secret), AfterValidator(_connect_installed)
+    ] = Field(
         "local[*]",
         description="Spark master: local[*], a cluster URL or sc://… (Spark Connect); "
         "{env: NAME} reads it from that environment variable when a run starts (needed when "

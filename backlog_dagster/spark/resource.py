@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 from dagster_pyspark import LazyPySparkResource
 
+from backlog_dagster.pipeline import extras
+from backlog_dagster.spark.java import require_java
 from backlog_dagster.spark.session import (
     is_connect,
     register_sources,
@@ -22,7 +24,12 @@ def spark_resource(
     master: str = "local[*]", app_name: str = "backlog-dagster", conf: Mapping[str, str] = {}
 ) -> LazyPySparkResource:
     """dagster-pyspark's lazy resource for a session on ``master`` (local, a cluster, or a
-    Spark Connect server), whose Python workers run this interpreter."""
+    Spark Connect server), whose Python workers run this interpreter. What that needs
+    installed is checked first: the connect extra for a Connect server, else Java."""
+    if master.startswith("sc://"):
+        extras.require("connect")
+    else:
+        require_java()
     use_this_python()
     return LazyPySparkResource(spark_config=spark_config(master, app_name, conf))
 
