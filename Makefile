@@ -13,7 +13,7 @@ NEWEST := 3.13
 # about a core for most of a minute), the browser's install beside the packages'.
 MAKEFLAGS += --jobs=2
 
-.PHONY: demo test lint bench browser
+.PHONY: demo test lint bench browser unit-oldest unit-newest
 
 # uv installs the same versions pip resolves in half pip's time (it fetches and
 # byte-compiles in parallel). Compiled here, not at first import: where
@@ -39,8 +39,14 @@ $(ARCHIVE): $(STAMP)
 demo: $(ARCHIVE)
 	$(BIN)/backlog-dagster demo $(ARGS)
 
-test: lint browser $(ARCHIVE)
+test: lint browser $(ARCHIVE) unit-oldest unit-newest
 	$(BIN)/pytest -n 2
+
+unit-oldest: .venv-$(OLDEST)/.installed
+	.venv-$(OLDEST)/bin/pytest -q -n 2 -m unit -p no:cacheprovider
+
+unit-newest: .venv-$(NEWEST)/.installed
+	.venv-$(NEWEST)/bin/pytest -q -n 2 -m unit -p no:cacheprovider
 
 # The UI test's headless browser: Debian's chromium and its driver (never a download).
 browser:

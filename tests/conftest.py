@@ -34,11 +34,34 @@ os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 #: The modules whose tests run the example project under `dagster dev` (each marked
 #: ``dagster_dev``; ``pytest_collection_modifyitems`` checks the two agree).
-DAGSTER_DEV_MODULES = ("tests/test_crash.py", "tests/test_switch.py")
+DAGSTER_DEV_MODULES = ("tests/test_crash.py", "tests/test_switch.py", "tests/test_user_project.py")
+
+
+#: The modules whose tests need no Spark (a fast minute in all): ``make test``
+#: also runs them (``pytest -m unit``) on the oldest and the newest supported Python.
+UNIT_MODULES = (
+    "tests/test_chunks.py",
+    "tests/test_compiler_priority.py",
+    "tests/test_install_checks.py",
+    "tests/test_log.py",
+    "tests/test_log_cli.py",
+    "tests/test_pacing.py",
+    "tests/test_pipeline_config.py",
+    "tests/test_policy.py",
+    "tests/test_progress.py",
+    "tests/test_sink_contract.py",
+    "tests/test_source_contract.py",
+    "tests/test_switch_sensor.py",
+    "tests/test_wheel.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests under `dagster dev` first (see ``pytest_xdist_make_scheduler``)."""
+    """The tests under `dagster dev` first (see ``pytest_xdist_make_scheduler``); the
+    unit modules' tests marked ``unit``."""
+    for item in items:
+        if item.nodeid.split("::")[0] in UNIT_MODULES:
+            item.add_marker(pytest.mark.unit)
     marked = {i.nodeid.split("::")[0] for i in items if i.get_closest_marker("dagster_dev")}
     assert marked <= set(DAGSTER_DEV_MODULES), f"add {marked} to DAGSTER_DEV_MODULES"
     items.sort(key=lambda item: item.get_closest_marker("dagster_dev") is None)

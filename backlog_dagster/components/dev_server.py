@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,10 +42,22 @@ class DevServer:
         return f"http://127.0.0.1:{self.port}"
 
 
+def workspace_command() -> list[str]:
+    """``dagster dev`` of this Python on the project's ``workspace.yaml``."""
+    return [str(Path(sys.executable).with_name("dagster")), "dev", "-w", "workspace.yaml"]
+
+
 @contextmanager
-def dagster_dev(project: Path, home: Path, data: Path, timeout: float = 300) -> Iterator[DevServer]:
+def dagster_dev(
+    project: Path,
+    home: Path,
+    data: Path,
+    timeout: float = 300,
+    command: Sequence[str] | None = None,
+    environment: Mapping[str, str] | None = None,
+) -> Iterator[DevServer]:
     """Webserver, daemon and code server with ``DAGSTER_HOME=home``; stopped on exit."""
-    server, process = start_dagster_dev(project, home, data, timeout)
+    server, process = start_dagster_dev(project, home, data, timeout, command, environment)
     try:
         yield server
     finally:
@@ -53,9 +65,16 @@ def dagster_dev(project: Path, home: Path, data: Path, timeout: float = 300) -> 
 
 
 def start_dagster_dev(
-    project: Path, home: Path, data: Path, timeout: float = 300
+    project: Path,
+    home: Path,
+    data: Path,
+    timeout: float = 300,
+    command: Sequence[str] | None = None,
+    environment: Mapping[str, str] | None = None,
 ) -> tuple[DevServer, subprocess.Popen[bytes]]:
-    """Start ``dagster dev`` in a session of its own and wait until its webserver answers.
+    """Start ``dagster dev`` (``command``, by default ``workspace_command``; ``dg dev``
+    takes the same host and port options) in a session of its own, in ``environment``
+    (by default this process's), and wait until its webserver answers.
 
     Its output goes to ``home/dagster-dev.log`` (appended to, so a restart keeps the
     earlier output). The project's instance settings go under the home's own
@@ -66,21 +85,16 @@ def start_dagster_dev(
     port, log_path = free_port(), home / "dagster-dev.log"
     with log_path.open("a") as log:
         process = subprocess.Popen(
-            [
-                str(Path(sys.executable).with_name("dagster")),
-                "dev",
-                "-w",
-                "workspace.yaml",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(port),
-            ],
+            [*(command or workspace_command()), "--host", "127.0.0.1", "--port", str(port)],
             cwd=project,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, "DAGSTER_HOME": str(home), DATA_ENV: str(data)},
+            env={
+                **(os.environ if environment is None else environment),
+                "DAGSTER_HOME": str(home),
+                DATA_ENV: str(data),
+            },
         )
     server = DevServer(port, log_path, process.pid)
     try:
