@@ -19,7 +19,7 @@ from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-#: Where the tests leave their screenshots when set (the README's come from there).
+#: Where the tests leave their screenshots when set (the docs' come from there).
 SCREENSHOTS_ENV = "BACKLOG_DAGSTER_SCREENSHOTS"
 #: The flags this machine's closed network needs (no background connections).
 FLAGS = (

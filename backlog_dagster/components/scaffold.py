@@ -75,7 +75,7 @@ def defs_yaml(
     )
     return (
         f"{header}"
-        "# Every field is described in backlog-dagster's README, 'Declaring a pipeline'.\n"
+        "# Every field is described in backlog-dagster's docs/pipeline.md.\n"
         f"type: {type_name}\n"
         "attributes:\n"
         f"  name: {name}\n"
