@@ -787,12 +787,20 @@ class PipelineConfig(Frozen):
         return data
 
     name: Identifier = Field(description="The pipeline's name; prefixes its assets and jobs.")
-    source: SourceConfig
-    transform: TransformConfig
-    sink: SinkConfig
-    backlog: BacklogConfig = BacklogConfig()
-    realtime: RealtimeConfig = RealtimeConfig()
-    switch: SwitchConfig = SwitchConfig()
+    source: SourceConfig = Field(description="Where the records come from.")
+    transform: TransformConfig = Field(
+        description="What is computed from them: keys, window, aggregations, or none."
+    )
+    sink: SinkConfig = Field(description="Where results and progress go; kind chooses.")
+    backlog: BacklogConfig = Field(
+        BacklogConfig(), description="How the backlog phase reads up to the markers."
+    )
+    realtime: RealtimeConfig = Field(
+        RealtimeConfig(), description="How the realtime phase streams from the markers."
+    )
+    switch: SwitchConfig = Field(
+        SwitchConfig(), description="How the sensor decides the phase and keeps runs going."
+    )
     spark_master: Annotated[
         str | FromEnv, AfterValidator(no_written_secret), AfterValidator(_connect_installed)
     ] = Field(
