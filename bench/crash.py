@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the harness lives in tests/
 sys.path.insert(0, str(ROOT / "bench"))
 
-from report import replace_section  # noqa: E402
+import page  # noqa: E402
 
 from backlog_dagster.spark.servers import connect_server, stop  # noqa: E402
 from tests.crash import PIPELINES, ExampleUnderTest, audit, kill_points, run_trial  # noqa: E402
@@ -104,12 +104,7 @@ def main() -> None:
         sessions.append(session)
         write()
         print(f"session {session['session']}: {session}", flush=True)
-    replace_section(
-        ROOT / "BENCHMARKS.md",
-        f"<!-- {section}: begin (generated; edit bench/crash.py instead) -->",
-        f"<!-- {section}: end -->",
-        benchmarks_section(json.loads(stem.with_suffix(".json").read_text()), stem.name),
-    )
+    page.write()
     print(f"wrote {stem}.json, {stem}.md and BENCHMARKS.md in {time.monotonic() - started:.0f} s")
 
 

@@ -9,10 +9,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-#: BENCHMARKS.md keeps what is between these lines in step with the latest run.
-BEGIN = "<!-- bench/run.py: begin (generated; edit bench/report.py instead) -->"
-END = "<!-- bench/run.py: end -->"
-
 
 def write_plot(figures: dict[str, Any], path: Path) -> None:
     import matplotlib
@@ -65,38 +61,25 @@ def write_plot(figures: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def write_markdown(figures: dict[str, Any], stem: Path, benchmarks: Path) -> None:
-    """Replace the generated part of ``benchmarks`` (or append it) with this run's tables."""
-    replace_section(benchmarks, BEGIN, END, _markdown(figures, stem))
+def run_markdown(figures: dict[str, Any], stem: Path) -> str:
+    """``bench/run.py``'s tables of the result ``stem``.json (``bench/page.py``)."""
+    return _markdown(figures, stem)
 
 
 def publish(name: str, results: dict[str, Any], script: str, section: str) -> Path:
-    """Write ``results`` to ``bench/results/<date>-<name>.json`` and ``section`` between
-    ``script``'s markers in ``BENCHMARKS.md``; the JSON's path."""
+    """Write ``results`` to ``bench/results/<date>-<name>.json`` and regenerate
+    ``BENCHMARKS.md`` from the latest results (``bench/page.py``); the JSON's path.
+    ``script`` and ``section`` (the bench's table of these results) are printed, so the
+    run shows its figures whether or not the page lists this bench."""
+    import page  # here: the page imports the benches, which import this module
+
     root = Path(__file__).resolve().parent.parent
     path = root / "bench" / "results" / f"{datetime.now(timezone.utc):%Y-%m-%d}-{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2) + "\n")
-    replace_section(
-        root / "BENCHMARKS.md",
-        f"<!-- bench/{script}: begin (generated; edit bench/{script} instead) -->",
-        f"<!-- bench/{script}: end -->",
-        section,
-    )
+    print(f"bench/{script}:\n{section}")
+    page.write()
     return path
-
-
-def replace_section(benchmarks: Path, begin: str, end: str, body: str) -> None:
-    """Put ``body`` between the lines ``begin`` and ``end`` of ``benchmarks`` (appended
-    with them when they are not there yet); the rest of the file stays as it is."""
-    text = benchmarks.read_text() if benchmarks.exists() else "# Benchmarks\n"
-    section = "\n".join([begin, body, end])
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        text = head + section + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    benchmarks.write_text(text)
 
 
 def backlog_cases(runs: dict[str, list[float]], records: int) -> dict[str, dict[str, Any]]:

@@ -45,6 +45,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import page
 from cases import (
     MicroBatchBreakdown,
     ProgressPoller,
@@ -54,7 +55,7 @@ from cases import (
     record_latencies,
     wait_until,
 )
-from report import write_markdown, write_plot
+from report import write_plot
 
 from backlog_dagster.components.dev_server import process_kind, processes_under
 from backlog_dagster.log import Topic, create_topic
@@ -160,7 +161,7 @@ def main() -> None:
     stem = RESULTS / f"{datetime.now(timezone.utc):%Y-%m-%d}-{args.size}"
     stem.with_suffix(".json").write_text(json.dumps(figures, indent=2) + "\n")
     write_plot(figures, stem.with_suffix(".png"))
-    write_markdown(figures, stem, ROOT / "BENCHMARKS.md")
+    page.write()
     print(f"wrote {stem}.json, {stem}.png and BENCHMARKS.md in {figures['bench_seconds']:.0f} s")
 
 

@@ -35,9 +35,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import page
 import pyarrow as pa
 from cases import ours
-from report import machine_line, replace_section
+from report import machine_line
 from run import machine
 
 from backlog_dagster.log import create_topic
@@ -55,8 +56,6 @@ from tests.postgres import SERVER, fresh_database  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 EXAMPLE = ROOT / "definitions" / "defs" / "customer_totals" / "defs.yaml"
-BEGIN = "<!-- bench/sinks.py: begin (generated; edit bench/sinks.py instead) -->"
-END = "<!-- bench/sinks.py: end -->"
 KINDS = ("sqlite", "postgres")
 LABELS = {
     "sqlite": "sqlite",
@@ -93,7 +92,7 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"sinks-{datetime.now(timezone.utc):%Y-%m-%d}.json"
     path.write_text(json.dumps(figures, indent=2) + "\n")
-    replace_section(ROOT / "BENCHMARKS.md", BEGIN, END, _markdown(figures, path))
+    page.write()
     print(f"wrote {path.relative_to(ROOT)} and BENCHMARKS.md in {figures['bench_seconds']:.0f} s")
 
 

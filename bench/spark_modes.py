@@ -41,8 +41,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import page
 from cases import wait_until
-from report import machine_line, replace_section
+from report import machine_line
 from run import _rss_mib, _topic, machine
 
 from backlog_dagster.components.dev_server import (
@@ -60,8 +61,6 @@ RESULTS = ROOT / "bench" / "results"
 SPARK_ENV = "BACKLOG_BENCH_SPARK"
 #: The live load while the example runs under ``dagster dev``.
 LIVE = ("--live-rate", "2000", "--seed", "11")
-BEGIN = "<!-- bench/spark_modes.py: begin (generated; edit bench/spark_modes.py instead) -->"
-END = "<!-- bench/spark_modes.py: end -->"
 CLI = str(Path(sys.executable).with_name("backlog-dagster"))
 
 _START = """
@@ -80,15 +79,7 @@ def main() -> None:
         "--sessions", type=int, default=2, help="dagster dev sessions per mode (3.)."
     )
     parser.add_argument("--kills", type=int, default=2, help="Recoveries timed per session.")
-    parser.add_argument(
-        "--report", type=Path, help="Only write BENCHMARKS.md's section from this run's JSON."
-    )
     args = parser.parse_args()
-    if args.report:
-        replace_section(
-            ROOT / "BENCHMARKS.md", BEGIN, END, _markdown(json.loads(args.report.read_text()))
-        )
-        return
     scratch = Path(tempfile.mkdtemp(prefix="bench-spark-modes-"))
     results: dict[str, Any] = {
         "records": args.records,
@@ -130,7 +121,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{datetime.now(timezone.utc):%Y-%m-%d}-spark-modes.json"
     out.write_text(json.dumps(results, indent=2))
-    replace_section(ROOT / "BENCHMARKS.md", BEGIN, END, _markdown(results))
+    page.write()
     print(f"wrote {out.relative_to(ROOT)} and BENCHMARKS.md")
 
 
