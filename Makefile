@@ -42,11 +42,12 @@ demo: $(ARCHIVE)
 test: lint browser $(ARCHIVE) unit-oldest unit-newest
 	$(BIN)/pytest -n 2
 
+# One process each: make runs the two side by side.
 unit-oldest: .venv-$(OLDEST)/.installed
-	.venv-$(OLDEST)/bin/pytest -q -n 2 -m unit -p no:cacheprovider
+	.venv-$(OLDEST)/bin/pytest -q -m unit -p no:cacheprovider
 
 unit-newest: .venv-$(NEWEST)/.installed
-	.venv-$(NEWEST)/bin/pytest -q -n 2 -m unit -p no:cacheprovider
+	.venv-$(NEWEST)/bin/pytest -q -m unit -p no:cacheprovider
 
 # The UI test's headless browser: Debian's chromium and its driver (never a download).
 browser:

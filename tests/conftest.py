@@ -52,7 +52,6 @@ UNIT_MODULES = (
     "tests/test_sink_contract.py",
     "tests/test_source_contract.py",
     "tests/test_switch_sensor.py",
-    "tests/test_wheel.py",
 )
 
 

@@ -241,7 +241,7 @@ def test_on_the_oldest_python_a_user_project_runs_a_backlog_and_says_what_its_in
         "postgres": ("sink", {"kind": "postgres", "dsn": "host=localhost", "table": "t"}),
         "connect": ("spark_master", "sc://127.0.0.1:15002"),
     }
-    for extra, (field, value) in needs.items():
+    for extra, (field, value) in needs.items():  # Dagster stops at the first refusal
         folder = with_attributes(project, f"on_{extra}", **{field: value})
         said = project.fails("dg", "check", "defs")
         assert f"on_{extra}/defs.yaml" in said and field in said, said[-3000:]
