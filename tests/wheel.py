@@ -90,17 +90,6 @@ CHECKOUT_VARIABLES = (
 )
 
 
-#: Variables that would lead a user's processes to the checkout or its virtualenv.
-CHECKOUT_VARIABLES = (
-    "PYTHONPATH",
-    "VIRTUAL_ENV",
-    "SPARK_HOME",
-    "PYSPARK_PYTHON",
-    "PYSPARK_DRIVER_PYTHON",
-    "PYTHONSTARTUP",
-)
-
-
 def without_checkout(environment: dict[str, str]) -> dict[str, str]:
     """``environment`` without what would put the checkout or its virtualenv on a user's
     path: Python's and Spark's path variables."""
