@@ -110,9 +110,11 @@ def test_on_spark_connect_a_dead_runs_query_commits_nothing_and_stops_and_the_ne
 
     rerun = start_phase(defs, tmp_path, phase="realtime", temp=tmp_path / "temp")
     wait_for(lambda: reached(config) == topic.latest_offsets(), timeout=180)
-    # The server wrote the query's checkpoint on this machine, where the run said.
+    # The server wrote the query's checkpoint on this machine, where the run said (a
+    # micro-batch's commit log follows its commit to the sink).
     (checkpoint,) = (tmp_path / "temp").glob("realtime-checkpoint-*")
-    assert any((checkpoint / "commits").iterdir())
+    commits = checkpoint / "commits"
+    wait_for(lambda: commits.is_dir() and any(commits.iterdir()), timeout=30)
     workers = commit_workers(connect)
     assert workers, "the commits do not run on the Connect server"
     for pid in workers:
