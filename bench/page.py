@@ -54,6 +54,7 @@ class Bench:
 #: their last results describe code that is gone.
 BENCHES = (
     Bench("run.py", "default", lambda _, results, path: run_table(results, path)),
+    Bench("e2e.py", "e2e-as_shipped-against-*"),
     Bench("e2e.py", "e2e-as_shipped-half_second_micro_batches"),
     Bench("e2e.py", "e2e-shared_spark_half_second"),
     Bench("batch_ratio.py", "batch-ratio"),
@@ -94,9 +95,10 @@ again.
 
 def latest(result: str) -> Path | None:
     """The newest ``<date>-<result>.json`` (or ``<result>-<date>.json``, as two older
-    benches name theirs), by the date in the name."""
+    benches name theirs), by the date in the name; a ``*`` in ``result`` stands for any
+    name part (a baseline's commit)."""
     day = r"(\d{4}-\d{2}-\d{2})"
-    name = re.escape(result)
+    name = re.escape(result).replace(r"\*", r"[\w.]+")
     pattern = re.compile(rf"^(?:{day}-{name}|{name}-{day})\.json$")
     dated = []
     for path in RESULTS.glob("*.json"):
