@@ -71,9 +71,7 @@ def page_showing(
     deadline, reload_at = time.monotonic() + timeout, time.monotonic() + reload_every
     text = ""
     while time.monotonic() < deadline:
-        for button in browser.find_elements(By.XPATH, "//button[normalize-space()='Skip']"):
-            with suppress(WebDriverException):
-                button.click()
+        skip_first_visit_dialog(browser)
         text = browser.find_element(By.TAG_NAME, "body").text
         if all(e in text for e in expected):
             return text
@@ -85,11 +83,29 @@ def page_showing(
     raise AssertionError(f"{url} did not show {missing} within {timeout:g} s; it showed:\n{text}")
 
 
+def skip_first_visit_dialog(browser: webdriver.Chrome, wait_s: float = 0) -> None:
+    """Close Dagster's first-visit dialog ("Join the Dagster community") if it is up, or
+    comes up within ``wait_s`` (it opens a moment after a page has loaded)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        buttons = browser.find_elements(By.XPATH, "//button[normalize-space()='Skip']")
+        for button in buttons:
+            with suppress(WebDriverException):
+                button.click()
+        if buttons or time.monotonic() >= deadline:
+            break
+        time.sleep(0.25)
+    if buttons:
+        time.sleep(0.5)  # its closing animation
+
+
 def screenshot(
     browser: webdriver.Chrome, folder: Path, name: str, scroll_to: str | None = None
 ) -> Path:
     """Save what the browser shows as ``<name>.png`` (in ``$BACKLOG_DAGSTER_SCREENSHOTS``
-    when set, else in ``folder``), first scrolled to the heading ``scroll_to``."""
+    when set, else in ``folder``), first scrolled to the heading ``scroll_to``, without
+    Dagster's first-visit dialog over it."""
+    skip_first_visit_dialog(browser, wait_s=3)
     if scroll_to is not None:
         heading = browser.find_element(By.XPATH, f"//*[normalize-space()='{scroll_to}']")
         browser.execute_script("arguments[0].scrollIntoView();", heading)
