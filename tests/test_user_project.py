@@ -98,9 +98,12 @@ class UserProject:
 
 def jre_only_path(folder: Path) -> Path:
     """A folder of links to every program on this PATH but the JDK's own tools (its
-    compiler and the rest): ``java`` is the runtime's, nothing can compile Java."""
+    compiler and the rest) and the checkout's (its virtualenv, if activated): ``java``
+    is the runtime's, nothing can compile Java."""
     folder.mkdir()
     for directory in map(Path, os.environ["PATH"].split(os.pathsep)):
+        if directory.resolve().is_relative_to(ROOT):
+            continue
         for program in sorted(directory.glob("*")) if directory.is_dir() else []:
             real = program.resolve()
             jdk_tool = "/jvm/" in real.as_posix() and program.name != "java"
