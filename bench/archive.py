@@ -32,8 +32,8 @@ from report import backlog_cases, case_rows, machine_line, publish
 from run import _example, _fresh_sink, _topic, machine
 
 from backlog_dagster.log import Topic
-from backlog_dagster.log.archive import archive_before
 from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.tools.log_archive import archive_before
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,7 +53,7 @@ def main() -> None:
 
 
 def measure(scratch: Path, records: int, repeat: int) -> dict[str, Any]:
-    from backlog_dagster.spark.session import get_session
+    from backlog_dagster.implementations import open_session
 
     log_path = scratch / "example" / "orders"
     _topic(log_path, records).close()
@@ -71,7 +71,7 @@ def measure(scratch: Path, records: int, repeat: int) -> dict[str, Any]:
     archive_config = _from_archive(
         _fresh_sink(log_config, scratch, "unused", archived_path), scratch / "archive"
     )
-    spark = get_session("local[*]", app_name="bench-archive")
+    spark = open_session("local[*]", app_name="bench-archive")
     spark.sparkContext.setLogLevel("ERROR")
     ours(spark, _fresh_sink(log_config, scratch, "warm-log"), 0)
     ours(spark, _fresh_sink(archive_config, scratch, "warm-archive"), 0)

@@ -93,10 +93,10 @@ def one_run(data: Path, armed: bool) -> dict[str, Any]:
     import psutil
 
     from backlog_dagster.components.pipeline import settings_beside_backlog
+    from backlog_dagster.implementations import open_session
     from backlog_dagster.phases.backlog import run_backlog
     from backlog_dagster.phases.realtime import arm_beside
     from backlog_dagster.sink import open_sink
-    from backlog_dagster.spark.session import get_session
 
     def cpu_seconds() -> float:
         total = 0.0
@@ -105,7 +105,7 @@ def one_run(data: Path, armed: bool) -> dict[str, Any]:
                 total += sum(process.cpu_times()[:2])
         return total
 
-    spark = get_session("local[*]", app_name="bench-armed-backlog")
+    spark = open_session("local[*]", app_name="bench-armed-backlog")
     spark.sparkContext.setLogLevel("ERROR")
     config = _fresh_sink(_example(data), data, f"sink-{time.monotonic_ns()}")
     try:

@@ -38,11 +38,11 @@ PLAIN_SHUFFLE_PARTITIONS = 4
 def warm_session(name: str, conf: Mapping[str, str] = {}) -> Iterator[tuple[SparkSession, Path]]:
     """A ``local[*]`` session (with ``conf`` over the project's settings) that logs only
     errors, and a scratch folder; both gone after."""
-    from backlog_dagster.spark.session import get_session
+    from backlog_dagster.implementations import open_session
 
     scratch = Path(tempfile.mkdtemp(prefix=f"{name}-"))
     try:
-        spark = get_session("local[*]", app_name=name, conf=conf)
+        spark = open_session("local[*]", app_name=name, conf=conf)
         spark.sparkContext.setLogLevel("ERROR")
         try:
             yield spark, scratch

@@ -74,11 +74,11 @@ def main() -> None:
 
 
 def measure(scratch: Path, dsn: str, records: int, repeat: int) -> dict[str, Any]:
-    from backlog_dagster.spark.session import get_session
+    from backlog_dagster.implementations import open_session
 
     _topic(scratch / "example" / "orders", records).close()
     config = _example(scratch)
-    spark = get_session("local[*]", app_name="bench-chunks")
+    spark = open_session("local[*]", app_name="bench-chunks")
     spark.sparkContext.setLogLevel("ERROR")
     ours(spark, _fresh_sink(config, scratch, "warm-up"), 0)
     plan = [("sqlite", i) for i in INTERVALS] + [("postgres", i) for i in POSTGRES_INTERVALS]
@@ -128,9 +128,9 @@ def _note(
 def _reset(config: PipelineConfig) -> None:
     """Start the pipeline over on its sink: new markers, results cleared, and the
     sink's record of the run before (its chunk rate among it) kept."""
+    from backlog_dagster.implementations import open_source
     from backlog_dagster.phases.markers import reset
     from backlog_dagster.sink import open_sink
-    from backlog_dagster.source import open_source
 
     with open_sink(config) as sink, open_source(config) as topic:
         reset(sink, topic, config, "bench: a later run", lambda _: None)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from backlog_dagster.components.dev_server import process_kind
 from backlog_dagster.components.switch import PHASE_TAG, STANDBY_TAG, STARTED_AS_TAG
+from backlog_dagster.tools.dev_server import process_kind
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

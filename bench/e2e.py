@@ -25,7 +25,7 @@ shipped. Two cases, alternating, ``repeat`` runs each:
   its ETA, when known, is within a minute, rather than with the backlog run;
 - ``one shared Spark Connect server`` (only with ``--case``): as shipped with every
   pipeline's ``spark_master`` on one Spark Connect server (``local[*]``) started, and
-  warmed up as ``backlog-dagster spark connect-server`` does (``spark.sample_run``),
+  warmed up as ``backlog-dagster spark connect-server`` does (``tools.sample_run``),
   before ``dagster dev``: no run starts a JVM of its own. Its process counts in the
   memory and CPU figures, from ``dagster dev``'s start;
 - ``shared Spark, 0.5 s micro-batches`` (only with ``--case``): the same with every
@@ -119,15 +119,15 @@ from cpu import CpuSampler
 from report import machine_line, publish
 from run import EXAMPLES, MemorySampler, _example, _topic, machine
 
-from backlog_dagster.components.dev_server import copy_project, dagster_dev
 from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG, runs_of_phase
 from backlog_dagster.log import Topic
 from backlog_dagster.pipeline.load import load_pipeline
 from backlog_dagster.pipeline.paths import with_paths_under
 from backlog_dagster.sink import open_sink
 from backlog_dagster.spark.class_archive import archive_path
-from backlog_dagster.spark.sample_run import DEFAULT_WARM_UP_S
 from backlog_dagster.spark.servers import SparkServer
+from backlog_dagster.tools.dev_server import copy_project, dagster_dev
+from backlog_dagster.tools.sample_run import DEFAULT_WARM_UP_S
 from tests.connect_server import connect_server_cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -841,7 +841,7 @@ def _spark_start_s(attempts: int = 2) -> float:
             [
                 sys.executable,
                 "-c",
-                "from backlog_dagster.spark.session import get_session as g; "
+                "from backlog_dagster.implementations import open_session as g; "
                 "g('local[*]', app_name='bench-start').range(1).count()",
             ],
             capture_output=True,
@@ -856,12 +856,12 @@ def _spark_start_s(attempts: int = 2) -> float:
 def in_one_process(folder: Path, records: int) -> dict[str, Any]:
     """Each example pipeline's backlog over ``records`` in one warm process, and a Spark
     start in a fresh one: the target's parts."""
+    from backlog_dagster.implementations import open_session
     from backlog_dagster.phases.backlog import run_backlog
-    from backlog_dagster.spark.session import get_session
 
     _topic(folder / "example" / "orders", records).close()
     spark_start = _spark_start_s()
-    spark = get_session("local[*]", app_name="bench-e2e-in-process")
+    spark = open_session("local[*]", app_name="bench-e2e-in-process")
     spark.sparkContext.setLogLevel("ERROR")
     seconds: dict[str, float] = {}
     for name in PIPELINES:

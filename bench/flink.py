@@ -88,14 +88,14 @@ def measure(scratch: Path, records: int, repeat: int, python: Path) -> dict[str,
     from report import backlog_cases
     from run import _example, _fresh_sink, _topic, machine
 
-    from backlog_dagster.spark.session import get_session
+    from backlog_dagster.implementations import open_session
 
     topic = _topic(scratch / "example" / "orders", records)
     csv_dir = scratch / "csv"
     export_csv(topic, csv_dir)
     topic.close()
     config = _example(scratch)
-    spark = get_session("local[*]", app_name="bench-flink-peer")
+    spark = open_session("local[*]", app_name="bench-flink-peer")
     spark.sparkContext.setLogLevel("ERROR")
     ours(spark, _fresh_sink(config, scratch, "warm-up"), 0)
     samples: list[float] = []

@@ -33,7 +33,7 @@ from run import machine
 
 from backlog_dagster.log import create_topic
 from backlog_dagster.log.bucket import Bucket
-from backlog_dagster.log.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
+from backlog_dagster.tools.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
 
 #: The look-ups as they were before, on a range's lower bound no index serves and a
 #: maximum over the arrival index up to the moment.

@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from backlog_dagster.log import create_topic
-from backlog_dagster.log.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
+from backlog_dagster.tools.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -77,9 +77,9 @@ def main() -> None:
 
         from pyspark.sql import functions as F
 
-        from backlog_dagster.spark.session import get_session
+        from backlog_dagster.implementations import open_session
 
-        spark = get_session(args.master, app_name="bench-log-read")
+        spark = open_session(args.master, app_name="bench-log-read")
         spark.sparkContext.setLogLevel("ERROR")
         orders = spark.read.format("bucketlog").option("path", str(topic.path)).load()
         aggregates = (F.sum("amount"), F.count("*"), F.max("amount"))

@@ -48,7 +48,7 @@ from run import PRESETS, _latency_at, machine
 from backlog_dagster.phases import micro_batch, transform
 from backlog_dagster.phases.transform import LateWindows
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.spark.records import BUCKET_COLUMN, OFFSET_COLUMN
+from backlog_dagster.source.records import BUCKET_COLUMN, OFFSET_COLUMN
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -57,17 +57,17 @@ from cases import (
 )
 from report import write_plot
 
-from backlog_dagster.components.dev_server import process_kind, processes_under
 from backlog_dagster.log import Topic, create_topic
-from backlog_dagster.log.workload import (
-    ORDERS_SCHEMA,
-    ORDERS_TIMESTAMP,
-    produce_backlog,
-)
 from backlog_dagster.pipeline.config import PipelineConfig, WindowConfig
 from backlog_dagster.pipeline.load import load_pipeline
 from backlog_dagster.pipeline.paths import with_paths_under
 from backlog_dagster.sink import open_sink
+from backlog_dagster.tools.dev_server import process_kind, processes_under
+from backlog_dagster.tools.workload import (
+    ORDERS_SCHEMA,
+    ORDERS_TIMESTAMP,
+    produce_backlog,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -169,10 +169,10 @@ def main() -> None:
 
 
 def catch_up(scratch: Path, preset: Preset, master: str) -> dict[str, Any]:
-    from backlog_dagster.spark.session import get_session
+    from backlog_dagster.implementations import open_session
 
     topic = _topic(scratch / "compare" / "example" / "orders", preset.compare)
-    spark = get_session(master, app_name="bench-catch-up")
+    spark = open_session(master, app_name="bench-catch-up")
     spark.sparkContext.setLogLevel("ERROR")
     config = _example(scratch / "compare")
     ours(spark, _fresh_sink(config, scratch, "warm-up"), 0)  # Python workers up, for everyone
@@ -249,9 +249,9 @@ def scaling(scratch: Path, preset: Preset, master: str) -> list[dict[str, Any]]:
 
 
 def _scaling_child(topic: Path, folder: Path, repeat: int, master: str) -> dict[str, Any]:
-    from backlog_dagster.spark.session import get_session
+    from backlog_dagster.implementations import open_session
 
-    spark = get_session(master, app_name="bench-scaling")
+    spark = open_session(master, app_name="bench-scaling")
     spark.sparkContext.setLogLevel("ERROR")
     config = _example(folder)
     ours(spark, _fresh_sink(config, folder, "warm-up", topic), 0)
@@ -267,9 +267,9 @@ def _scaling_child(topic: Path, folder: Path, repeat: int, master: str) -> dict[
 
 
 def latency(scratch: Path, preset: Preset, master: str) -> list[dict[str, Any]]:
-    from backlog_dagster.spark.session import get_session
+    from backlog_dagster.implementations import open_session
 
-    spark = get_session(master, app_name="bench-latency")
+    spark = open_session(master, app_name="bench-latency")
     spark.sparkContext.setLogLevel("ERROR")
     rows = [_latency_at(spark, scratch, preset, interval) for interval in preset.latency_intervals]
     spark.stop()

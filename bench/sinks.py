@@ -42,12 +42,12 @@ from report import machine_line
 from run import machine
 
 from backlog_dagster.log import create_topic
-from backlog_dagster.log.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.load import load_pipeline
 from backlog_dagster.pipeline.paths import with_paths_under
 from backlog_dagster.sink import open_sink
 from backlog_dagster.sink import postgres as postgres_sink
+from backlog_dagster.tools.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the test suite's PostgreSQL helpers live in tests/
@@ -175,14 +175,14 @@ def _partials(keys: int) -> pa.Table:
 
 
 def backlogs(scratch: Path, dsn: str, records: int) -> dict[str, Any]:
-    from backlog_dagster.spark.session import get_session
+    from backlog_dagster.implementations import open_session
 
     topic_path = Path(_on("sqlite", scratch, dsn, "warm-up").source.path)
     with create_topic(
         topic_path, ORDERS_SCHEMA, timestamp_column=ORDERS_TIMESTAMP, buckets=8
     ) as topic:
         produce_backlog(topic, records, days=5)
-    spark = get_session("local[*]", app_name="bench-sinks")
+    spark = open_session("local[*]", app_name="bench-sinks")
     spark.sparkContext.setLogLevel("ERROR")
     ours(spark, _on("sqlite", scratch, dsn, "warm_up"), 0)  # Python workers and JIT warm
     runs: dict[str, list[float]] = {kind: [] for kind in KINDS}

@@ -48,10 +48,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import machine_line, publish
 from run import _tree_cpu_s, machine
 
+from backlog_dagster.implementations import open_session
 from backlog_dagster.log.topic import create_topic
-from backlog_dagster.log.workload import ORDERS_SCHEMA
 from backlog_dagster.spark.servers import connect_server
-from backlog_dagster.spark.session import get_session
+from backlog_dagster.tools.workload import ORDERS_SCHEMA
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -115,7 +115,7 @@ def one_run(variant: str, folder: Path, seconds: float) -> dict[str, Any]:
     topic.close()
     timings = folder / "jobs.jsonl"
     with connect_server(folder / "server") as server:
-        spark = get_session(server.url, app_name="bench-source-cost")
+        spark = open_session(server.url, app_name="bench-source-cost")
         spark.conf.set("spark.sql.shuffle.partitions", "1")
         spark.conf.set("spark.sql.adaptive.enabled", "false")
         producer = _produce(topic.path, WARM_UP_S + seconds + 10)

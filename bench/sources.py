@@ -32,8 +32,8 @@ from report import backlog_cases, case_rows, machine_line, publish
 from run import _example, _fresh_sink, _topic, machine
 
 from backlog_dagster.kafka.mock_broker import held_everything, mock_broker
-from backlog_dagster.kafka.workload import ORDERS_RECORD_SCHEMA, KafkaOrders
 from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.tools.kafka_workload import ORDERS_RECORD_SCHEMA, KafkaOrders
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Records sent to one partition before the next: the mock cluster keeps 5 MB a
@@ -58,7 +58,7 @@ def main() -> None:
 
 
 def measure(scratch: Path, records: int, repeat: int, partitions: int) -> dict[str, Any]:
-    from backlog_dagster.spark.session import get_session
+    from backlog_dagster.implementations import open_session
 
     log_topic = _topic(scratch / "example" / "orders", records)
     log_config = _example(scratch)
@@ -76,7 +76,7 @@ def measure(scratch: Path, records: int, repeat: int, partitions: int) -> dict[s
         held_everything(broker.bootstrap, "orders")
         print(f"loaded {records:,} records into Kafka in {load_s:.1f} s")
         kafka_config = _on_kafka(log_config, broker.bootstrap)
-        spark = get_session("local[*]", app_name="bench-sources")
+        spark = open_session("local[*]", app_name="bench-sources")
         spark.sparkContext.setLogLevel("ERROR")
         ours(spark, _fresh_sink(log_config, scratch, "warm-log"), 0)
         ours(spark, _fresh_sink(kafka_config, scratch, "warm-kafka"), 0)

@@ -174,9 +174,9 @@ def _medians(rows: list[dict[str, float]]) -> dict[str, float]:
 
 def _child(data: Path, folder: Path) -> None:
     """The local trial's process: its own local Spark, the three backlogs in turn."""
-    from backlog_dagster.spark.session import get_session
+    from backlog_dagster.implementations import open_session
 
-    spark = get_session("local[*]", app_name="bench-spark-home")
+    spark = open_session("local[*]", app_name="bench-spark-home")
     for name in EXAMPLES:
         ours(spark, _fresh_sink(_example(data, name), folder, name), 0)
     spark.stop()
@@ -184,9 +184,9 @@ def _child(data: Path, folder: Path) -> None:
 
 def _client(url: str, data: Path, folder: Path, name: str) -> None:
     """One Connect trial's client: one pipeline's backlog, as one run."""
-    from backlog_dagster.spark.session import get_session
+    from backlog_dagster.implementations import open_session
 
-    spark = get_session(url, app_name=f"bench-spark-home-{name}")
+    spark = open_session(url, app_name=f"bench-spark-home-{name}")
     ours(spark, _fresh_sink(_example(data, name), folder, name), 0)
 
 

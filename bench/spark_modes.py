@@ -46,15 +46,15 @@ from cases import wait_until
 from report import machine_line
 from run import _rss_mib, _topic, machine
 
-from backlog_dagster.components.dev_server import (
+from backlog_dagster.pipeline.paths import DATA_ENV
+from backlog_dagster.spark import servers
+from backlog_dagster.tools.dev_server import (
     all_of,
     copy_project,
     dagster_dev,
     on_spark,
     processes_under,
 )
-from backlog_dagster.pipeline.paths import DATA_ENV
-from backlog_dagster.spark import servers
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -65,8 +65,8 @@ CLI = str(Path(sys.executable).with_name("backlog-dagster"))
 
 _START = """
 import sys, time
-from backlog_dagster.spark.session import get_session
-spark = get_session(sys.argv[1], app_name="bench-start")
+from backlog_dagster.implementations import open_session
+spark = open_session(sys.argv[1], app_name="bench-start")
 spark.range(1).collect()
 """
 

@@ -4,7 +4,7 @@ pipelines' realtime latency on it.
     .venv/bin/python bench/warm_server.py [--seconds 40] [--repeat 3] [--warm-up 60]
 
 Each run starts a fresh Connect server (``local[*]``), warmed up as ``backlog-dagster
-spark connect-server`` does (``spark.sample_run.warm_up_server``, ``--warm-up`` seconds of
+spark connect-server`` does (``tools.sample_run.warm_up_server``, ``--warm-up`` seconds of
 sample realtime) or not, then runs the three example pipelines' realtime queries side
 by side from one client: a 100,000-record backlog each, then 0.5 s micro-batches while
 records are appended at 20,000 records/s for ``seconds``. Per run: p99 of append to
@@ -34,9 +34,9 @@ import realtime
 from report import machine_line, publish
 from run import EXAMPLES, PRESETS, _latency_at, machine
 
-from backlog_dagster.spark.sample_run import DEFAULT_WARM_UP_S
+from backlog_dagster.implementations import open_session
 from backlog_dagster.spark.servers import connect_server
-from backlog_dagster.spark.session import get_session
+from backlog_dagster.tools.sample_run import DEFAULT_WARM_UP_S
 
 INTERVAL_S = 0.5
 HEADER = (
@@ -62,7 +62,7 @@ def main() -> None:
                 started = time.monotonic()
                 with connect_server(folder / "server", warm_up_s=warm_up_s, log=print) as server:
                     up_s = time.monotonic() - started
-                    spark = get_session(server.url, app_name="bench-warm-server")
+                    spark = open_session(server.url, app_name="bench-warm-server")
                     try:
                         row = _latency_at(
                             spark, folder, preset, INTERVAL_S, name="latency", pipelines=EXAMPLES

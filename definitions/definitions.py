@@ -17,10 +17,11 @@ from pathlib import Path
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
+from backlog_dagster.implementations import session_of
 from backlog_dagster.log import Topic, create_topic
-from backlog_dagster.log.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
 from backlog_dagster.pipeline.paths import data_root
-from backlog_dagster.spark.resource import session_of, spark_resource
+from backlog_dagster.spark.resource import spark_resource
+from backlog_dagster.tools.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
 
 #: Where the example keeps its data: ``.data/example`` in the project, unless set.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

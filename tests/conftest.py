@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from backlog_dagster.log import Topic, create_topic
-from backlog_dagster.log.workload import (
+from backlog_dagster.tools.workload import (
     ORDERS_SCHEMA,
     ORDERS_TIMESTAMP,
     Customers,
@@ -133,9 +133,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
-    from backlog_dagster.spark.session import get_session
+    from backlog_dagster.implementations import open_session
 
-    session = get_session("local[2]", app_name="backlog-dagster-tests")
+    session = open_session("local[2]", app_name="backlog-dagster-tests")
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

@@ -48,22 +48,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from dagster._core.definitions.run_request import InstigatorType
 
-from backlog_dagster.components.dev_server import (
-    DevServer,
-    process_kind,
-    processes_under,
-    start_dagster_dev,
-    stop_dagster_dev,
-)
 from backlog_dagster.components.switch import runs_of_phase
 from backlog_dagster.log import Topic, create_topic
-from backlog_dagster.log.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
 from backlog_dagster.pipeline.paths import DATA_ENV
 from backlog_dagster.spark.servers import (
     SparkServer,
     start_connect_server,
     wait_until_listening,
 )
+from backlog_dagster.tools.dev_server import (
+    DevServer,
+    process_kind,
+    processes_under,
+    start_dagster_dev,
+    stop_dagster_dev,
+)
+from backlog_dagster.tools.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
 from tests.dagster_server import copy_example
 
 ROOT = Path(__file__).resolve().parent.parent

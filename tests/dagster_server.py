@@ -14,7 +14,7 @@ from typing import Any
 import dagster as dg
 from dagster_graphql import DagsterGraphQLClient
 
-from backlog_dagster.components import dev_server
+from backlog_dagster.tools import dev_server
 
 ROOT = Path(__file__).resolve().parent.parent
 

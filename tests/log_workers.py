@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from backlog_dagster.log import Topic
-from backlog_dagster.log.workload import ORDERS_SCHEMA
+from backlog_dagster.tools.workload import ORDERS_SCHEMA
 
 
 def records(first: int, count: int) -> pa.Table:

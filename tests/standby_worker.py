@@ -14,9 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from backlog_dagster.cli.pipeline import pipeline_of
 from backlog_dagster.phases.realtime import armed_realtime, run_realtime
-from backlog_dagster.pipeline.cli import pipeline_of
-from backlog_dagster.pipeline.session import new_pipeline_session, pipeline_spark
+from backlog_dagster.phases.session import new_pipeline_session, pipeline_spark
 from backlog_dagster.sink import open_sink
 from backlog_dagster.spark.session import stopping_reopened
 

@@ -19,6 +19,7 @@ from backlog_dagster.archive.layout import archived_end, files, records_in
 from backlog_dagster.archive.source import ArchiveThenLog
 from backlog_dagster.archive.spark import FORMAT
 from backlog_dagster.cli import main
+from backlog_dagster.implementations import open_source
 from backlog_dagster.log import Topic
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.markers import current_generation
@@ -26,8 +27,7 @@ from backlog_dagster.phases.transform import read_schema
 from backlog_dagster.phases.truncation import LogTruncated
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import open_sink
-from backlog_dagster.source import open_source
-from backlog_dagster.spark.source import read_ranges
+from backlog_dagster.source.spark import read_ranges
 from tests.conftest import MakeTopic, append_orders
 from tests.pipelines import (
     CUSTOMER_TOTALS,

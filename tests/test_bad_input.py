@@ -17,8 +17,7 @@ from pyspark.sql import SparkSession
 
 from backlog_dagster.cli import main
 from backlog_dagster.components.pipeline import backlog_asset
-from backlog_dagster.log import Payload, Topic, create_topic
-from backlog_dagster.log.schema import parse_ddl
+from backlog_dagster.log import Topic, create_topic
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.bad_records import BadRecord
 from backlog_dagster.phases.markers import DefinitionChanged, current_generation
@@ -27,6 +26,8 @@ from backlog_dagster.phases.truncation import LogTruncated
 from backlog_dagster.phases.watermark import judged_by_arrival
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import SinkUnreachable, open_sink
+from backlog_dagster.source import Payload
+from backlog_dagster.source.schema import parse_ddl
 from tests.conftest import MakeTopic
 from tests.pipelines import (
     CUSTOMER_TOTALS,

@@ -30,9 +30,9 @@ import pytest
 import yaml
 from dagster_graphql import DagsterGraphQLClient
 
-from backlog_dagster.components.dev_server import dagster_dev
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import open_sink
+from backlog_dagster.tools.dev_server import dagster_dev
 from tests.browser import chromium, page_showing, screenshot
 from tests.conftest import MakeTopic
 from tests.dagster_server import copy_example

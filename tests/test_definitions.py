@@ -12,7 +12,7 @@ from pathlib import Path
 import dagster as dg
 import yaml
 
-from backlog_dagster.components import dev_server
+from backlog_dagster.tools import dev_server
 from tests.pipelines import assert_example_customer_totals, assert_example_region_daily
 
 ROOT = Path(__file__).resolve().parent.parent

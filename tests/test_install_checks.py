@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from backlog_dagster.pipeline import extras
+from backlog_dagster import extras
+from backlog_dagster.errors import UserError
 from backlog_dagster.pipeline.load import PipelineFileError, load_pipeline
-from backlog_dagster.pipeline.user_errors import user_error_types
 from backlog_dagster.spark import java
 from backlog_dagster.spark.resource import spark_resource
 
@@ -71,7 +71,7 @@ def test_a_spark_connect_url_without_the_connect_extra_is_refused_at_load_and_at
     load_pipeline(write(tmp_path, sink, "{env: SPARK_URL}"))
     with pytest.raises(extras.MissingExtra, match=r"no module grpc_status\): pip install"):
         spark_resource("sc://127.0.0.1:15002")
-    assert extras.MissingExtra in user_error_types()
+    assert issubclass(extras.MissingExtra, UserError)
 
 
 def fake_java(folder: Path, banner: str) -> Path:
@@ -118,7 +118,7 @@ def test_no_java_at_all_is_one_sentence_naming_where_it_looked(
             spark_resource("local[1]")
     finally:
         java.java_problem.cache_clear()
-    assert java.JavaMissing in user_error_types()
+    assert issubclass(java.JavaMissing, UserError)
 
 
 def test_this_machine_s_java_is_new_enough_and_its_version_is_read() -> None:

@@ -24,16 +24,17 @@ import pytest
 from pyspark.sql import SparkSession
 
 from backlog_dagster.archive.layout import file_path
+from backlog_dagster.implementations import open_source
 from backlog_dagster.kafka.mock_broker import MockBroker, mock_broker
 from backlog_dagster.kafka.topic import KafkaSettings, KafkaTopic
-from backlog_dagster.kafka.workload import ORDERS_RECORD_SCHEMA, KafkaOrders
-from backlog_dagster.log.schema import parse_ddl
-from backlog_dagster.log.workload import produce_backlog
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.markers import current_generation
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import open_sink
-from backlog_dagster.source import SourceError, open_source
+from backlog_dagster.source import SourceError
+from backlog_dagster.source.schema import parse_ddl
+from backlog_dagster.tools.kafka_workload import ORDERS_RECORD_SCHEMA, KafkaOrders
+from backlog_dagster.tools.workload import produce_backlog
 from tests.pipelines import CUSTOMER_TOTALS, assert_same, customer_totals_oracle
 from tests.test_backlog import wait_for
 from tests.test_realtime import RealtimeThread, reached

@@ -12,12 +12,13 @@ import pandas as pd
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from backlog_dagster.log import Topic, create_topic, parse_ddl
+from backlog_dagster.log import Topic, create_topic
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.markers import definition_of
 from backlog_dagster.phases.watermark import BucketClock, arrival_watermarks, combine
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import open_sink
+from backlog_dagster.source.schema import parse_ddl
 from tests.pipelines import assert_same, records_not_late, write_defs
 from tests.test_backlog import kill_all, start_phase, wait_for
 from tests.test_realtime import RealtimeThread, reached

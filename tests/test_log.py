@@ -14,17 +14,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from backlog_dagster.log import (
-    OffsetOutOfRange,
-    Payload,
-    SchemaError,
-    Topic,
-    TopicError,
-    create_topic,
-    parse_ddl,
-    to_ddl,
-)
-from backlog_dagster.log.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP
+from backlog_dagster.log import OffsetOutOfRange, Topic, TopicError, create_topic
+from backlog_dagster.source import Payload
+from backlog_dagster.source.schema import SchemaError, parse_ddl, to_ddl
+from backlog_dagster.tools.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP
 from tests.conftest import MakeTopic, all_records, append_orders
 
 WORKERS = str(Path(__file__).with_name("log_workers.py"))

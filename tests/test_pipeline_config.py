@@ -108,6 +108,62 @@ def test_dagster_definitions_validate_names_file_line_and_field(tmp_path: Path) 
         assert message in output
 
 
+def test_loading_a_kafka_pipeline_connects_to_no_broker_and_still_checks_its_columns(
+    tmp_path: Path,
+) -> None:
+    """Dagster loads a code location on every reload: a broker that is down must not slow
+    or break it. The pipeline's columns are checked against its declared record schema,
+    which is in the file; nothing connects to the broker (a listener on its address sees
+    no connection)."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    connected: list[object] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            try:
+                connected.append(listener.accept()[1])
+            except TimeoutError:
+                continue
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    port = listener.getsockname()[1]
+    defs = make_project(
+        tmp_path,
+        textwrap.dedent(f"""\
+        type: backlog_dagster.BacklogPipeline
+        attributes:
+          name: t
+          source:
+            kind: kafka
+            kafka: {{bootstrap_servers: "127.0.0.1:{port}", topic: orders}}
+            event_time: event_time
+            record_schema: "customer_id BIGINT, amount DOUBLE, event_time TIMESTAMP"
+          transform:
+            keys: [region]
+            aggregations:
+              - {{name: total, function: sum, column: amount}}
+          sink: {{path: s.db, table: t}}
+        """),
+    )
+    try:
+        result = dagster_validate(tmp_path)
+    finally:
+        done.set()
+        watcher.join()
+        listener.close()
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert f"attributes.transform.keys.0 at {defs}:10" in output, output[-4000:]
+    assert "'region' is not a column of the source" in output, output[-4000:]
+    assert connected == []
+
+
 def test_the_cli_names_file_and_field(tmp_path: Path) -> None:
     defs = tmp_path / "defs.yaml"
     defs.write_text(BAD_YAML)

@@ -16,6 +16,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from backlog_dagster.components.pipeline import realtime_asset
+from backlog_dagster.implementations import open_source
 from backlog_dagster.log import Topic
 from backlog_dagster.phases import micro_batch
 from backlog_dagster.phases.backlog import run_backlog
@@ -37,7 +38,6 @@ from backlog_dagster.phases.standby import await_switch
 from backlog_dagster.phases.transform import partial_results, read_schema
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Sink, open_sink
-from backlog_dagster.source import open_source
 from backlog_dagster.spark.session import apply_sql_settings, sql_settings_after
 from tests.conftest import MakeTopic, append_orders
 from tests.pipelines import (

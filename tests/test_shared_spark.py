@@ -26,8 +26,8 @@ from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import SinkUnreachable, open_sink
 from backlog_dagster.spark import home, servers
 from backlog_dagster.spark.compiler_priority import COMPILER_NICENESS, compiler_threads
-from backlog_dagster.spark.sample_run import warm_up_server
 from backlog_dagster.spark.session import SparkSettingRefused, spark_config
+from backlog_dagster.tools.sample_run import warm_up_server
 from tests.conftest import MakeTopic, append_orders
 from tests.connect_server import connect_server_cli
 from tests.pipelines import (
@@ -242,9 +242,9 @@ def test_a_connect_server_s_python_processes_import_the_installed_pyspark(
     """The server is launched from ``spark.home``'s launch home, so the processes it starts
     for a client's Python code import the installed PySpark, not the zipped copy."""
     script = (
-        "import sys; from backlog_dagster.spark.session import get_session; "
+        "import sys; from backlog_dagster.implementations import open_session; "
         "from tests.test_spark_session import imported_pyspark; "
-        "print(imported_pyspark(get_session(sys.argv[1])))"
+        "print(imported_pyspark(open_session(sys.argv[1])))"
     )
     done = subprocess.run(
         [sys.executable, "-c", script, connect.url], capture_output=True, text=True, timeout=300
@@ -267,8 +267,8 @@ def test_the_server_s_sessions_share_its_generated_code_and_python_workers(
     its Python UDF runs in the Python workers that were started for the other."""
     script = (
         "import sys; from pyspark.sql import functions as F; "
-        "from backlog_dagster.spark.session import get_session; "
-        "spark = get_session(sys.argv[1]); plus = F.udf(lambda v: v + 1, 'long'); "
+        "from backlog_dagster.implementations import open_session; "
+        "spark = open_session(sys.argv[1]); plus = F.udf(lambda v: v + 1, 'long'); "
         "rows = spark.range(1000).select(plus('id').alias('v'))"
         ".groupBy((F.col('v') % 7).alias('k')).count().collect(); print(len(rows))"
     )

@@ -14,7 +14,6 @@ from pydantic import ValidationError
 from pyspark.sql import DataFrame, SparkSession
 
 from backlog_dagster.log import Topic
-from backlog_dagster.log.schema import TIMESTAMP
 from backlog_dagster.phases import micro_batch
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.bad_records import DEAD_LETTER
@@ -22,7 +21,8 @@ from backlog_dagster.phases.micro_batch import _late_candidates
 from backlog_dagster.phases.transform import earliest_window_ends, partial_results, window_ends
 from backlog_dagster.pipeline.config import PipelineConfig, WindowConfig
 from backlog_dagster.sink import open_sink
-from backlog_dagster.spark.records import APPENDED_COLUMN, BUCKET_COLUMN, OFFSET_COLUMN
+from backlog_dagster.source.records import APPENDED_COLUMN, BUCKET_COLUMN, OFFSET_COLUMN
+from backlog_dagster.source.schema import TIMESTAMP
 from tests.conftest import MakeTopic
 from tests.pipelines import (
     CUSTOMER_TOTALS,

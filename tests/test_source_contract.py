@@ -7,21 +7,18 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "backlog_dagster"
 
-#: Where the embedded log may be named: itself, its Spark reader, the contract's
-#: ``open_source``, and the tools made for it (its CLI, the demo that loads it, the
-#: scaffolder that reads a topic, the mirror that copies a topic to Kafka). Its Spark-DDL
-#: helpers (``log.schema``) and the reference workload (``log.workload``, which writes
-#: through an ``Appender``: a topic of the log or a Kafka producer) are neutral.
-NEUTRAL = ("backlog_dagster.log.schema", "backlog_dagster.log.workload")
+#: Where the embedded log may be named: itself, the one place that opens the source a
+#: pipeline names (``implementations``), and the tools made for it (its CLI, the demo that
+#: loads it, the scaffolder that reads a topic, the mirror that copies a topic to Kafka).
+#: The reference workload (``tools.workload``, which writes through an ``Appender``: a
+#: topic of the log or a Kafka producer) is neutral.
+NEUTRAL = ("backlog_dagster.tools.workload",)
 KNOWS_THE_LOG = (
     "log",
-    "spark",
-    "source",
-    "cli.py",
-    "demo.py",
+    "implementations.py",
+    "cli",
+    "tools",
     "components/scaffold.py",
-    "kafka/mirror.py",  # copies a log topic to Kafka
-    "kafka/cli.py",  # its command
 )
 
 
@@ -46,7 +43,7 @@ def test_opening_a_source_imports_no_pyspark(tmp_path: Path) -> None:
     import sys
 
     from backlog_dagster.log import create_topic
-    from backlog_dagster.log.workload import ORDERS_SCHEMA
+    from backlog_dagster.tools.workload import ORDERS_SCHEMA
 
     create_topic(
         tmp_path / "orders", ORDERS_SCHEMA, timestamp_column="event_time", buckets=2
@@ -54,7 +51,7 @@ def test_opening_a_source_imports_no_pyspark(tmp_path: Path) -> None:
     script = f"""
 import sys
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.source import open_source
+from backlog_dagster.implementations import open_source
 for archive in (None, {{"path": {str(tmp_path / "archive")!r}}}):
     config = PipelineConfig.model_validate({{
         "name": "p",

@@ -12,6 +12,7 @@ import pytest
 
 from backlog_dagster.spark import class_archive, home
 from backlog_dagster.spark.session import spark_config
+from backlog_dagster.tools.class_archive import write_archive
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -41,14 +42,14 @@ def test_a_local_driver_is_given_the_class_archive_when_one_fits(
 def test_a_local_driver_maps_the_class_archive() -> None:
     """With ``-Xshare:on`` a JVM refuses to start unless it maps every archive it is
     given: a driver started through the project's settings runs a job."""
-    path = class_archive.write_archive(log=lambda _: None)  # make wrote it already
+    path = write_archive(log=lambda _: None)  # make wrote it already
     assert f"-XX:SharedArchiveFile={path}" in spark_config("local[1]", "t")[JAVA_OPTIONS]
     started = subprocess.run(
         [
             sys.executable,
             "-c",
-            "from backlog_dagster.spark.session import get_session; "
-            "spark = get_session('local[1]', 'archive-test', "
+            "from backlog_dagster.implementations import open_session; "
+            "spark = open_session('local[1]', 'archive-test', "
             "{'spark.driver.extraJavaOptions': '-Xshare:on'}); "
             "print('rows', spark.range(3).count())",
         ],

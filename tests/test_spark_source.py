@@ -14,9 +14,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.readwriter import DataFrameReader
 
-from backlog_dagster.log import Payload, create_topic, parse_ddl
-from backlog_dagster.log.workload import ORDERS_DDL
-from backlog_dagster.spark.source import share_read_limit
+from backlog_dagster.log import create_topic
+from backlog_dagster.source import Payload
+from backlog_dagster.source.schema import parse_ddl
+from backlog_dagster.source.spark import share_read_limit
+from backlog_dagster.tools.workload import ORDERS_DDL
 from tests.conftest import MakeTopic, all_records, append_orders
 
 
@@ -327,7 +329,7 @@ def test_read_limit_is_shared_evenly_and_fully_used() -> None:
 def test_a_stream_option_that_is_not_a_positive_number_is_refused_by_name(
     make_topic: MakeTopic, options: dict[str, str], refusal: str
 ) -> None:
-    from backlog_dagster.spark.source import BucketLogDataSource
+    from backlog_dagster.log.spark import BucketLogDataSource
 
     topic = make_topic(records=10, buckets=1)
     source = BucketLogDataSource({"path": str(topic.path), **options})

@@ -27,7 +27,14 @@ import dagster as dg
 import pytest
 from dagster_graphql import DagsterGraphQLClient
 
-from backlog_dagster.components.dev_server import (
+from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG, runs_of_phase
+from backlog_dagster.kafka.mock_broker import mock_broker
+from backlog_dagster.log import Topic
+from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.sink import open_sink
+from backlog_dagster.spark import servers
+from backlog_dagster.spark.servers import SparkServer, connect_server, standalone_cluster
+from backlog_dagster.tools.dev_server import (
     POSTGRES_INSTANCE,
     all_of,
     copy_project,
@@ -36,14 +43,7 @@ from backlog_dagster.components.dev_server import (
     on_spark,
     postgres_url,
 )
-from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG, runs_of_phase
-from backlog_dagster.kafka.mirror import mirrored
-from backlog_dagster.kafka.mock_broker import mock_broker
-from backlog_dagster.log import Topic
-from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink import open_sink
-from backlog_dagster.spark import servers
-from backlog_dagster.spark.servers import SparkServer, connect_server, standalone_cluster
+from backlog_dagster.tools.mirror import mirrored
 from tests.conftest import MakeTopic, append_orders
 from tests.dagster_server import ROOT, dagster_dev, kill_run_worker, wait_for_run
 from tests.pipelines import assert_customer_totals, assert_region_minutes, example_config

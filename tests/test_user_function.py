@@ -12,7 +12,6 @@ import pytest
 from pydantic import ValidationError
 from pyspark.sql import SparkSession
 
-from backlog_dagster.log.workload import ORDERS_DDL
 from backlog_dagster.phases import user_function
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.transform import TransformError, check_against_source
@@ -23,6 +22,7 @@ from backlog_dagster.phases.user_function import (
     load_function,
 )
 from backlog_dagster.sink import open_sink
+from backlog_dagster.tools.workload import ORDERS_DDL
 from tests.conftest import MakeTopic, append_orders
 from tests.pipelines import assert_same, in_chunks, pipeline, records_up_to
 from tests.test_backlog import wait_for

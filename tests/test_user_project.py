@@ -31,12 +31,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from backlog_dagster.components.dev_server import dagster_dev
 from backlog_dagster.log import Topic
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.load import load_pipeline
 from backlog_dagster.pipeline.paths import with_paths_under
 from backlog_dagster.sink import open_sink
+from backlog_dagster.tools.dev_server import dagster_dev
 from tests import pythons
 from tests.conftest import all_records
 from tests.pipelines import assert_same

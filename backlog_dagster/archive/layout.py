@@ -82,3 +82,11 @@ def archived_end(root: Path, topic: str, bucket: int) -> int | None:
     if not held:
         return None
     return held[-1].start + records_in(held[-1])
+
+
+@dataclass(frozen=True)
+class HeldFile:
+    """An archive file of a read, and the offset its records end before."""
+
+    file: ArchiveFile
+    end: int

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from typing_extensions import Self
 
-from backlog_dagster.archive.layout import ArchiveFile, Format, files, records_in
+from backlog_dagster.archive.layout import Format, HeldFile, files, records_in
 from backlog_dagster.source.base import Arrivals, Payload, Source, SourceError, StoredRecords
 
 if TYPE_CHECKING:
@@ -33,23 +33,34 @@ TIMESTAMP = pa.timestamp("us", tz="UTC")
 BATCH_RECORDS = 65_536
 
 
+#: The name of the Spark data source over an archive in front of a log (``archive.spark``),
+#: here so that naming it needs no pyspark.
+FORMAT = "archivethenlog"
+
+
+def options_for(
+    root: Path, fmt: Format, log_data_source: str, log_options: Mapping[str, str]
+) -> dict[str, str]:
+    return {
+        **log_options,
+        "archive.path": str(root),
+        "archive.format": fmt,
+        "log.data_source": log_data_source,
+    }
+
+
 @dataclass(frozen=True)
 class HybridBounds:
     earliest: int
     latest: int
 
 
-@dataclass(frozen=True)
-class _Held:
-    file: ArchiveFile
-    end: int
-
-
 class ArchiveThenLog:
     """The archive at ``root`` (``fmt`` files of topic ``name``) in front of ``log``.
 
-    ``log_format`` and ``log_options`` say how Spark opens the log, so that Spark's
-    tasks can open the same pair (``archive.spark``).
+    ``log_data_source`` (the log's Spark data source, as ``module:Class``) and
+    ``log_options`` say how Spark opens the log, so that Spark's tasks can open the same
+    pair (``archive.spark``) without this package knowing which source the log is.
     """
 
     def __init__(
@@ -57,11 +68,11 @@ class ArchiveThenLog:
         root: Path,
         fmt: Format,
         log: Source,
-        log_format: str,
+        log_data_source: str,
         log_options: Mapping[str, str],
     ) -> None:
         self.root, self.fmt, self.log = root, fmt, log
-        self.log_format, self.log_options = log_format, dict(log_options)
+        self.log_data_source, self.log_options = log_data_source, dict(log_options)
 
     # -- what it is: the log's -------------------------------------------------------
 
@@ -83,10 +94,10 @@ class ArchiveThenLog:
 
     # -- offsets ---------------------------------------------------------------------
 
-    def held(self) -> dict[int, list[_Held]]:
+    def held(self) -> dict[int, list[HeldFile]]:
         """The archive's files, read afresh, with the offset after each one's records."""
         return {
-            b: [_Held(f, f.start + records_in(f)) for f in fs]
+            b: [HeldFile(f, f.start + records_in(f)) for f in fs]
             for b, fs in files(self.root, self.name).items()
         }
 
@@ -191,7 +202,7 @@ class ArchiveThenLog:
                 )
                 at += batch.num_rows
 
-    def _covering(self, bucket: int, start: int, end: int) -> list[_Held]:
+    def _covering(self, bucket: int, start: int, end: int) -> list[HeldFile]:
         """The files that hold ``[start, end)`` of ``bucket``, in order; a hole is an error."""
         listed = self.held().get(bucket, []) if start < end else []
         covering, at = [], start
@@ -207,7 +218,7 @@ class ArchiveThenLog:
             at = held.end
         return covering
 
-    def _holding(self, bucket: int, offset: int) -> _Held:
+    def _holding(self, bucket: int, offset: int) -> HeldFile:
         return self._covering(bucket, offset, offset + 1)[0]
 
     def stored_schema(self) -> pa.Schema:
@@ -220,7 +231,7 @@ class ArchiveThenLog:
 
         return pq.read_schema(first.file.path)
 
-    def _table(self, held: _Held) -> pa.Table:
+    def _table(self, held: HeldFile) -> pa.Table:
         if held.file.format == "parquet":
             import pyarrow.parquet as pq
 
@@ -232,7 +243,7 @@ class ArchiveThenLog:
             table = pa_json.read_json(held.file.path, parse_options=options)
         return table.select(self.schema.names).cast(self.schema)
 
-    def _times(self, held: _Held) -> pa.Array:
+    def _times(self, held: HeldFile) -> pa.Array:
         """The file's record times, reading only that column where the format can."""
         column = self.timestamp_column
         if held.file.format == "parquet" and column is not None:
@@ -242,7 +253,7 @@ class ArchiveThenLog:
             return times.combine_chunks().cast(TIMESTAMP)
         return self._record_times(self._table(held).combine_chunks().to_batches()[0])
 
-    def _max_time(self, held: _Held, start: int, end: int) -> int | None:
+    def _max_time(self, held: HeldFile, start: int, end: int) -> int | None:
         """The latest record time of ``[start, end)`` within one file: from the Parquet
         footer's statistics when the range is the whole file, else from the column."""
         column = self.timestamp_column
@@ -266,9 +277,7 @@ class ArchiveThenLog:
     # -- Spark -------------------------------------------------------------------------
 
     def spark_options(self) -> dict[str, str]:
-        from backlog_dagster.archive.spark import options_for
-
-        return options_for(self.root, self.fmt, self.log_format, self.log_options)
+        return options_for(self.root, self.fmt, self.log_data_source, self.log_options)
 
     def read_batch(
         self,
@@ -280,8 +289,12 @@ class ArchiveThenLog:
     ) -> DataFrame:
         """Parquet archives are read by Spark's own Parquet reader (no hand-over through
         Python), the log's part by the log's reader; JSON archives through this source."""
-        from backlog_dagster.archive.spark import FORMAT, MAX_FILES_PER_READ, parquet_ranges
-        from backlog_dagster.spark.source import read_ranges
+        from backlog_dagster.archive.parquet import (
+            MAX_FILES_PER_READ,
+            ArchivedColumns,
+            parquet_ranges,
+        )
+        from backlog_dagster.source.spark import read_ranges
 
         hybrid = spark.read.format(FORMAT).options(**self.spark_options())
         if start is None or self.fmt != "parquet":
@@ -301,7 +314,16 @@ class ArchiveThenLog:
         frames = []
         if archived:
             ranges = {b: (start[b], min(end[b], earliest[b])) for b in archived}
-            frames.append(parquet_ranges(spark, self, schema, archived, ranges, tasks))
+            frames.append(
+                parquet_ranges(
+                    spark,
+                    ArchivedColumns(self.schema, self.stored_schema(), self.timestamp_column),
+                    schema,
+                    archived,
+                    ranges,
+                    tasks,
+                )
+            )
         if in_log or not frames:
             frames.append(
                 self.log.read_batch(
@@ -315,8 +337,6 @@ class ArchiveThenLog:
         return frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
 
     def stream_reader(self, spark: SparkSession) -> DataStreamReader:
-        from backlog_dagster.archive.spark import FORMAT
-
         return spark.readStream.format(FORMAT).options(**self.spark_options())
 
     def check_reachable(self, spark: SparkSession) -> None:

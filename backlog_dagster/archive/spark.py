@@ -5,122 +5,25 @@
   from its row index in the file (a file holds consecutive offsets).
 - The data source ``archivethenlog`` reads through ``ArchiveThenLog`` in Python (JSON
   archives, and the streaming reads, which are the log's). Its options are the log's
-  own (for the log's data source, named by ``log.format``) plus ``archive.path`` and
-  ``archive.format``; the rest is the generic source's (``backlog_dagster.spark.source``).
+  own (for the log's data source, named as ``module:Class`` by ``log.data_source``) plus
+  ``archive.path`` and ``archive.format``; the rest is the generic source's
+  (``backlog_dagster.source.spark``).
 """
 
 from __future__ import annotations
 
-import functools
-import math
+import importlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
 from backlog_dagster.archive.layout import Format
-from backlog_dagster.archive.source import ArchiveThenLog
-from backlog_dagster.log.schema import type_name
+from backlog_dagster.archive.source import FORMAT, ArchiveThenLog
 from backlog_dagster.source.base import Source
-from backlog_dagster.spark.records import (
-    APPENDED_COLUMN,
-    BUCKET_COLUMN,
-    CORRUPT_COLUMN,
-    ERROR_COLUMN,
-    OFFSET_COLUMN,
-    TIMESTAMP_COLUMN,
-)
-from backlog_dagster.spark.session import read_tasks
-from backlog_dagster.spark.source import SourceDataSource, arrow_schema, records_per_task
+from backlog_dagster.source.spark import SourceDataSource
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
-    from pyspark.sql.types import StructType
-
-    from backlog_dagster.archive.source import _Held
-
-FORMAT = "archivethenlog"
-#: Past this many files in one read, the plan (one scan per file) grows slow to make:
-#: the read goes through the Python reader instead.
-MAX_FILES_PER_READ = 256
-
-
-def parquet_ranges(
-    spark: SparkSession,
-    archive: ArchiveThenLog,
-    schema: str | StructType | None,
-    files: Mapping[int, list[_Held]],
-    ranges: Mapping[int, tuple[int, int]],
-    tasks: int | None = None,
-) -> DataFrame:
-    """Offsets ``ranges[bucket]`` from the Parquet ``files`` that hold them, in
-    ``schema`` (DDL or a Spark schema, as the generic source takes; None: the archive's
-    columns, bucket and offset), in the tasks ``read_tasks`` gives.
-
-    One scan per file, its bucket and start offset constants of the plan: measured on
-    16,000,000 records, taking them from each row's file name (``_metadata.file_name``)
-    made the read three times slower. The stored schema is given, so no footer is read
-    to infer it.
-    """
-    from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    output = arrow_schema(schema) if schema else _default_output(archive.schema)
-    stored = from_arrow_schema(archive.stored_schema(), prefer_timestamp_ntz=False)
-    stamp = archive.timestamp_column
-    timed = F.col(stamp).cast("timestamp") if stamp else F.lit(None).cast("timestamp")
-    frames = []
-    for bucket, listed in files.items():
-        low, high = ranges[bucket]
-        for held in listed:
-            scan = spark.read.schema(stored).parquet(str(held.file.path))
-            offset = F.lit(held.file.start) + F.col("_metadata.row_index")
-            if held.file.start < low or held.end > high:  # a range starts or ends inside
-                scan = scan.where((offset >= low) & (offset < high))
-            filled: dict[str, Column] = {
-                BUCKET_COLUMN: F.lit(bucket),
-                OFFSET_COLUMN: offset,
-                TIMESTAMP_COLUMN: timed,
-                APPENDED_COLUMN: timed,  # archived records arrived long ago: at their time
-                CORRUPT_COLUMN: F.lit(None),  # typed columns: nothing failed to parse
-                ERROR_COLUMN: F.lit(None),
-            }
-            frames.append(
-                scan.select(
-                    *(
-                        (filled[f.name] if f.name in filled else F.col(f"`{f.name}`"))
-                        .cast(type_name(f.type))
-                        .alias(f.name)
-                        for f in output
-                    )
-                )
-            )
-    whole = functools.reduce(lambda left, right: left.union(right), frames)
-    records = sum(high - low for low, high in ranges.values())
-    per_task = records_per_task(records, tasks=read_tasks(spark, tasks))
-    return whole.coalesce(max(1, math.ceil(records / per_task)))
-
-
-def _default_output(stored: pa.Schema) -> pa.Schema:
-    return pa.schema(
-        [
-            *stored,
-            pa.field(BUCKET_COLUMN, pa.int32(), nullable=False),
-            pa.field(OFFSET_COLUMN, pa.int64(), nullable=False),
-        ]
-    )
-
-
-def options_for(
-    root: Path, fmt: Format, log_format: str, log_options: Mapping[str, str]
-) -> dict[str, str]:
-    return {
-        **log_options,
-        "archive.path": str(root),
-        "archive.format": fmt,
-        "log.format": log_format,
-    }
+    pass
 
 
 class ArchiveDataSource(SourceDataSource):
@@ -130,18 +33,16 @@ class ArchiveDataSource(SourceDataSource):
 
     @staticmethod
     def open(options: Mapping[str, str]) -> Source:
-        from backlog_dagster.source import data_sources
-
         lowered = {k.lower(): v for k, v in options.items()}
-        by_name = {source.name(): source for source in data_sources()}
-        log_format = lowered.get("log.format", "")
-        if log_format not in by_name or "archive.path" not in lowered:
-            raise ValueError(f"the {FORMAT} source needs options archive.path and log.format")
+        log_data_source = lowered.get("log.data_source", "")
+        if ":" not in log_data_source or "archive.path" not in lowered:
+            raise ValueError(f"the {FORMAT} source needs options archive.path and log.data_source")
         log_options = {
             k: v
             for k, v in lowered.items()
-            if k not in ("archive.path", "archive.format", "log.format")
+            if k not in ("archive.path", "archive.format", "log.data_source")
         }
-        log = by_name[log_format].open(log_options)  # type: ignore[attr-defined]
+        module, _, name = log_data_source.partition(":")
+        log = getattr(importlib.import_module(module), name).open(log_options)
         fmt: Format = "json" if lowered.get("archive.format") == "json" else "parquet"
-        return ArchiveThenLog(Path(lowered["archive.path"]), fmt, log, log_format, log_options)
+        return ArchiveThenLog(Path(lowered["archive.path"]), fmt, log, log_data_source, log_options)

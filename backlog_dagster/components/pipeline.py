@@ -29,9 +29,8 @@ from pydantic import BaseModel, Field
 from typing_extensions import Self
 
 from backlog_dagster.components.scaffold import BacklogPipelineScaffolder
-from backlog_dagster.pipeline.config import BacklogConfig, PipelineConfig
-from backlog_dagster.pipeline.paths import data_root, with_paths_under
-from backlog_dagster.pipeline.session import (
+from backlog_dagster.errors import UserError
+from backlog_dagster.phases.session import (
     HandedOver,
     hand_over,
     new_pipeline_session,
@@ -39,7 +38,8 @@ from backlog_dagster.pipeline.session import (
     stop_unless_handed_over,
     take_over,
 )
-from backlog_dagster.pipeline.user_errors import user_error_types
+from backlog_dagster.pipeline.config import BacklogConfig, PipelineConfig
+from backlog_dagster.pipeline.paths import data_root, with_paths_under
 from backlog_dagster.sink import BucketState, Sink, open_sink
 
 if TYPE_CHECKING:
@@ -115,8 +115,9 @@ def refuse_misfit(config: PipelineConfig, context: dg.ComponentLoadContext) -> N
     from pydantic import ValidationError
     from pydantic_core import InitErrorDetails
 
+    from backlog_dagster.implementations import open_source
     from backlog_dagster.phases.transform import source_problems
-    from backlog_dagster.source import SourceError, open_source
+    from backlog_dagster.source import SourceError
 
     try:
         with open_source(config) as topic:
@@ -217,10 +218,10 @@ def with_run_settings(pipeline: PipelineConfig, run: RealtimeRunConfig) -> Pipel
 
 @contextmanager
 def user_errors(defs_file: Path | None) -> Iterator[None]:
-    """A user's mistake fails the run with a message naming the file (``user_error_types``)."""
+    """A user's mistake fails the run with a message naming the file (a ``UserError``)."""
     try:
         yield
-    except user_error_types() as error:
+    except UserError as error:
         where = f"{defs_file}: " if defs_file is not None else ""
         raise dg.Failure(description=f"{where}{error}", allow_retries=False) from None
 
@@ -555,9 +556,9 @@ def keeps_up_check(pipeline: PipelineConfig) -> dg.AssetChecksDefinition:
     )
     def keeps_up() -> dg.AssetCheckResult:
         from backlog_dagster.components.switch import keeps_up_verdict
+        from backlog_dagster.implementations import open_source
         from backlog_dagster.phases.lag import watermark_lag
         from backlog_dagster.phases.policy import over_threshold
-        from backlog_dagster.source import open_source
 
         now = time.time()
         with open_sink(pipeline) as sink, open_source(pipeline) as topic:

@@ -16,6 +16,7 @@ import pyarrow as pa
 from pydantic import BaseModel, Field
 
 from backlog_dagster.log import Topic, TopicError
+from backlog_dagster.pipeline.paths import data_root
 
 
 class ScaffoldParams(BaseModel):
@@ -30,8 +31,6 @@ class BacklogPipelineScaffolder(dg.Scaffolder[ScaffoldParams]):
         return ScaffoldParams
 
     def scaffold(self, request: dg.ScaffoldRequest[ScaffoldParams]) -> None:
-        from backlog_dagster.pipeline.paths import data_root
-
         name = re.sub(r"\W", "_", request.target_path.name)
         root = data_root(request.project_root or Path.cwd())
         topic = request.params.topic

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
@@ -47,6 +48,7 @@ from backlog_dagster.components.observations import (
     phase_metadata,
     phase_observation,
 )
+from backlog_dagster.implementations import open_source
 from backlog_dagster.phases.lag import Lag, watermark_lag
 from backlog_dagster.phases.markers import continue_backlog, current_generation, extend_markers
 from backlog_dagster.phases.policy import (
@@ -67,7 +69,7 @@ from backlog_dagster.phases.progress import (
 )
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation, PhaseChange, Sink, open_sink
-from backlog_dagster.source import SourceError, open_source
+from backlog_dagster.source import SourceError
 
 #: A run whose own code failed within this long of its start failed early: the next
 #: one waits after it ended, 5 s after the first such failure in a row and twice as
@@ -134,12 +136,16 @@ def realtime_run_config(config: PipelineConfig, standby_for: int | None = None) 
 
 
 def switch_sensor(
-    config: PipelineConfig, jobs: list[dg.UnresolvedAssetJobDefinition]
+    config: PipelineConfig,
+    jobs: list[dg.UnresolvedAssetJobDefinition],
+    asset_of: Mapping[str, dg.AssetKey] | None = None,
 ) -> dg.SensorDefinition:
+    """The pipeline's switch sensor, launching ``jobs`` and reporting on the assets
+    ``asset_of`` each phase (else ``<name>_backlog`` and ``<name>_realtime``)."""
     name = config.name
     job_of = {"backlog": f"{name}_backlog_job", "realtime": f"{name}_realtime_job"}
     run_config_of = {"backlog": backlog_run_config(config), "realtime": realtime_run_config(config)}
-    asset_of = {phase: dg.AssetKey(f"{name}_{phase}") for phase in ("backlog", "realtime")}
+    asset_of = dict(asset_of or {p: dg.AssetKey(f"{name}_{p}") for p in ("backlog", "realtime")})
 
     @dg.sensor(
         name=f"{name}_switch",

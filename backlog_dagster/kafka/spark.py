@@ -2,7 +2,7 @@
 
     spark.read.format("kafkabuckets").options(**settings.to_options()).load()
 
-The options of the embedded log's source (``backlog_dagster.spark.source``) apply
+The options of the embedded log's source (``backlog_dagster.source.spark``) apply
 (``startingOffsets``, ``endingOffsets``, ``maxRecordsPerTrigger``, ``buckets``, ``mode``,
 availableNow), with partitions as buckets, plus ``topic``, ``isolationLevel``,
 ``valueFormat`` and ``kafka.<librdkafka setting>`` (``kafka.bootstrap.servers`` first).
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from backlog_dagster.kafka.topic import SPARK_FORMAT, KafkaSettings, KafkaTopic
 from backlog_dagster.source.base import Source
-from backlog_dagster.spark.source import SourceDataSource
+from backlog_dagster.source.spark import SourceDataSource
 
 FORMAT = SPARK_FORMAT
 

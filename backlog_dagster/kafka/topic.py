@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 #: The name Spark knows Kafka topics' data source by (``backlog_dagster.kafka.spark``).
 SPARK_FORMAT = "kafkabuckets"
+#: That data source, as ``module:Class``, for a reader that opens it by name (an archive
+#: in front of this source).
+SPARK_DATA_SOURCE = "backlog_dagster.kafka.spark:KafkaDataSource"
 #: The columns of a topic read with ``value_format: raw``.
 RAW_SCHEMA = pa.schema(
     [
@@ -155,11 +158,23 @@ class KafkaTopic:
     first use). It commits nothing to Kafka: progress lives in the sink."""
 
     def __init__(self, settings: KafkaSettings) -> None:
-        from confluent_kafka.admin import AdminClient
-
         self.settings = settings
-        self._admin: AdminClient = AdminClient(settings.client_config())
+        self._admin_client: AdminClient | None = None
         self._consumer: Consumer | None = None
+
+    @property
+    def _admin(self) -> AdminClient:
+        """The admin client, made on first use: what the topic is (its name, schema,
+        payload) needs no broker, so Dagster loading a pipeline connects to none."""
+        if self._admin_client is None:
+            from confluent_kafka.admin import AdminClient
+
+            self._admin_client = AdminClient(self.settings.client_config())
+        return self._admin_client
+
+    @_admin.setter
+    def _admin(self, client: AdminClient) -> None:
+        self._admin_client = client
 
     # -- what it is --------------------------------------------------------------------
 
@@ -376,7 +391,7 @@ class KafkaTopic:
         end: Mapping[int, int] | None = None,
         tasks: int | None = None,
     ) -> DataFrame:
-        from backlog_dagster.spark.source import read_ranges
+        from backlog_dagster.source.spark import read_ranges
 
         reader = spark.read.format(SPARK_FORMAT).options(**self.settings.to_options())
         return read_ranges(spark, reader, schema, start, end, tasks)

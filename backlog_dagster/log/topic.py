@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from backlog_dagster.log.bucket import Arrivals, Bucket, BucketBounds, Records
-from backlog_dagster.log.schema import TIMESTAMP, SchemaError
 from backlog_dagster.source.base import JSON_VALUE_COLUMN, Payload, SourceError, StoredRecords
+from backlog_dagster.source.schema import TIMESTAMP, SchemaError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -50,9 +50,12 @@ class BucketInfo:
     size_bytes: int
 
 
-#: The name of the log's Spark data source (``backlog_dagster.spark.source``), here so
+#: The name of the log's Spark data source (``backlog_dagster.log.spark``), here so
 #: that naming it needs no pyspark.
 SPARK_FORMAT = "bucketlog"
+#: That data source, as ``module:Class``, for a reader that opens it by name (an archive
+#: in front of this source).
+SPARK_DATA_SOURCE = "backlog_dagster.log.spark:BucketLogDataSource"
 
 
 class Topic:
@@ -197,15 +200,13 @@ class Topic:
         end: Mapping[int, int] | None = None,
         tasks: int | None = None,
     ) -> DataFrame:
-        from backlog_dagster.spark.source import FORMAT, read_ranges
+        from backlog_dagster.source.spark import read_ranges
 
-        reader = spark.read.format(FORMAT).option("path", str(self.path))
+        reader = spark.read.format(SPARK_FORMAT).option("path", str(self.path))
         return read_ranges(spark, reader, schema, start, end, tasks)
 
     def stream_reader(self, spark: SparkSession) -> DataStreamReader:
-        from backlog_dagster.spark.source import FORMAT
-
-        return spark.readStream.format(FORMAT).option("path", str(self.path))
+        return spark.readStream.format(SPARK_FORMAT).option("path", str(self.path))
 
     def check_reachable(self, spark: SparkSession) -> None:
         """One one-task job: does an executor see the topic at the same path?"""

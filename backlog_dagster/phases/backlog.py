@@ -48,6 +48,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from backlog_dagster.implementations import open_source
 from backlog_dagster.phases.background import in_background
 from backlog_dagster.phases.bad_records import Aggregated, collect, merged, refuse_bad_records
 from backlog_dagster.phases.chunks import chunk_rate, goes_on, next_chunk_records
@@ -65,13 +66,13 @@ from backlog_dagster.phases.truncation import handle_truncation, removed_unread
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.results import layout_of
 from backlog_dagster.sink import BucketState, Generation, Sink, open_sink
-from backlog_dagster.source import Source, open_source
+from backlog_dagster.source import Source
+from backlog_dagster.source.spark import share_read_limit
 from backlog_dagster.spark.session import (
     Reopen,
     reopened_after_restart,
     runs_elsewhere,
 )
-from backlog_dagster.spark.source import share_read_limit
 from backlog_dagster.spark.task_progress import TasksDone, watching_tasks
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ if TYPE_CHECKING:
 #: A backlog read in one chunk (``checkpoint_interval: 0``) commits only at its end, so
 #: until then its progress and ETA come from its finished read tasks: it reads in at
 #: least this many, records allowing (``one_chunk_read_tasks``). Chunks commit every
-#: interval and read in as many tasks as Spark runs at once (``spark.source.read_ranges``
+#: interval and read in as many tasks as Spark runs at once (``source.spark.read_ranges``
 #: says why not more).
 ONE_CHUNK_READ_TASKS = 8
 #: ... each of at least this many records: each read task hands the shuffle a row per
@@ -451,7 +452,7 @@ def one_chunk_read_tasks(records: int) -> int:
     """The read tasks a one-chunk backlog of ``records`` asks for: up to
     ``ONE_CHUNK_READ_TASKS``, none under ``ONE_CHUNK_RECORDS_PER_TASK`` records (Spark
     reads in at least as many as it runs at once, and big reads in more: no task is
-    over ``spark.source.DEFAULT_MAX_RECORDS_PER_PARTITION`` records)."""
+    over ``source.spark.DEFAULT_MAX_RECORDS_PER_PARTITION`` records)."""
     return max(1, min(ONE_CHUNK_READ_TASKS, records // ONE_CHUNK_RECORDS_PER_TASK))
 
 

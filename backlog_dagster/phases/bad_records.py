@@ -24,16 +24,17 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from backlog_dagster.errors import UserError
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.results import ResultLayout, merge_partials
 from backlog_dagster.sink import DEAD_LETTER_COLUMNS
-from backlog_dagster.spark import sql_text as sql
-from backlog_dagster.spark.records import (
+from backlog_dagster.source.records import (
     BUCKET_COLUMN,
     CORRUPT_COLUMN,
     ERROR_COLUMN,
     OFFSET_COLUMN,
 )
+from backlog_dagster.spark import sql_text as sql
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -45,7 +46,7 @@ IN_LOG_ORDER = [("bucket", "ascending"), ("offset", "ascending")]
 QUOTED_PAYLOAD = 200
 
 
-class BadRecord(ValueError):
+class BadRecord(ValueError, UserError):
     """A bad record, with ``source.on_bad_record: fail``."""
 
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from backlog_dagster.errors import UserError
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Sink
 
 
-class PhaseAlreadyRunning(RuntimeError):
+class PhaseAlreadyRunning(RuntimeError, UserError):
     """Another run of the same pipeline holds its lock."""
 
 

@@ -21,6 +21,7 @@ import json
 import time
 from collections.abc import Callable
 
+from backlog_dagster.errors import UserError
 from backlog_dagster.phases.lag import watermark_lag
 from backlog_dagster.phases.policy import lag_says_backlog, residual_says_backlog
 from backlog_dagster.pipeline.config import PipelineConfig
@@ -28,7 +29,7 @@ from backlog_dagster.sink import Generation, Sink
 from backlog_dagster.source import Source
 
 
-class DefinitionChanged(RuntimeError):
+class DefinitionChanged(RuntimeError, UserError):
     """The sink holds state of a different pipeline definition."""
 
 

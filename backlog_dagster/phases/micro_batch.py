@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from backlog_dagster.log.schema import TIMESTAMP
+from backlog_dagster.implementations import open_source
 from backlog_dagster.phases.bad_records import BadRecord, collect, refuse_bad_records
 from backlog_dagster.phases.lag import lateness_us, watermark_lag
 from backlog_dagster.phases.query_start import read_start
@@ -54,10 +54,11 @@ from backlog_dagster.sink import (
     SinkUnreachable,
     open_sink,
 )
-from backlog_dagster.source import Source, open_source
-from backlog_dagster.spark.records import APPENDED_COLUMN, BUCKET_COLUMN, OFFSET_COLUMN
+from backlog_dagster.source import Source
+from backlog_dagster.source.records import APPENDED_COLUMN, BUCKET_COLUMN, OFFSET_COLUMN
+from backlog_dagster.source.schema import TIMESTAMP
+from backlog_dagster.source.spark import read_here, waiting
 from backlog_dagster.spark.session import apply_sql_settings, is_connect
-from backlog_dagster.spark.source import read_here, waiting
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -272,7 +273,7 @@ class MicroBatchCommit:
 
 
 #: A micro-batch of up to this many records is read where its commit runs
-#: (``spark.source.read_here``); a larger one is Spark's own scan. By whether the
+#: (``source.spark.read_here``); a larger one is Spark's own scan. By whether the
 #: pipeline has windows (``True``): a windowed batch read here is checked for late
 #: records as Arrow, and through Spark's scan it is kept and read twice, the late check
 #: being a Spark job of its own. Measured in one warm process (medians of 8 to 16

@@ -42,8 +42,9 @@ from typing import TYPE_CHECKING
 
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
+from backlog_dagster import implementations
 from backlog_dagster import sink as sinks
-from backlog_dagster import source as sources
+from backlog_dagster.implementations import open_source
 from backlog_dagster.phases.lag import watermark_lag
 from backlog_dagster.phases.lock import PhaseAlreadyRunning, exclusive_run
 from backlog_dagster.phases.markers import current_generation
@@ -60,7 +61,7 @@ from backlog_dagster.phases.truncation import handle_truncation, removed_unread
 from backlog_dagster.phases.watermark import judged_by_arrival
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation, Sink, SinkUnreachable
-from backlog_dagster.source import Source, open_source
+from backlog_dagster.source import Source
 from backlog_dagster.spark.session import (
     Reopen,
     connect_session_closed,
@@ -323,7 +324,9 @@ def _new_holder() -> str:
 
 
 def _commit_for(config: PipelineConfig, holder: str) -> MicroBatchCommit:
-    return MicroBatchCommit(sources.for_other_processes(sinks.for_other_processes(config)), holder)
+    return MicroBatchCommit(
+        implementations.for_other_processes(sinks.for_other_processes(config)), holder
+    )
 
 
 def _query_schema(

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from backlog_dagster.errors import UserError
 from backlog_dagster.pipeline.config import JoinConfig, PipelineConfig
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from backlog_dagster.sink import Sink
 
 
-class ReferenceError(ValueError):
+class ReferenceError(ValueError, UserError):
     """The reference data cannot be joined: the message names the field and says why."""
 
 

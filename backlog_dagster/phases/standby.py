@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from backlog_dagster.implementations import open_source
 from backlog_dagster.phases.lag import watermark_lag
 from backlog_dagster.phases.markers import definition_of
 from backlog_dagster.phases.policy import decide
@@ -28,7 +29,6 @@ from backlog_dagster.phases.reference import read_reference
 from backlog_dagster.phases.transform import check_against_source, partial_results, read_schema
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Sink
-from backlog_dagster.source import open_source
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

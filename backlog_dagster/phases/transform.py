@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from backlog_dagster.log.schema import SchemaError, parse_ddl, to_ddl, type_name
+from backlog_dagster.errors import UserError
 from backlog_dagster.phases.bad_records import DEAD_LETTER, dead_letter, parse_problem
 from backlog_dagster.phases.reference import Reference, with_reference
 from backlog_dagster.phases.user_function import FIELD as FUNCTION_FIELD
@@ -29,8 +29,7 @@ from backlog_dagster.pipeline.results import (
 )
 from backlog_dagster.pipeline.sketches import HLL_LG_CONFIG_K, KLL_K
 from backlog_dagster.source import Payload, Source
-from backlog_dagster.spark import sql_text as sql
-from backlog_dagster.spark.records import (
+from backlog_dagster.source.records import (
     APPENDED_COLUMN,
     BUCKET_COLUMN,
     CORRUPT_COLUMN,
@@ -38,6 +37,8 @@ from backlog_dagster.spark.records import (
     METADATA_COLUMNS,
     OFFSET_COLUMN,
 )
+from backlog_dagster.source.schema import SchemaError, parse_ddl, to_ddl, type_name
+from backlog_dagster.spark import sql_text as sql
 from backlog_dagster.spark.session import is_connect
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ class Problem:
         return f"attributes.{self.field}: {self.message}"
 
 
-class TransformError(ValueError):
+class TransformError(ValueError, UserError):
     """The pipeline does not fit its source.
 
     The message starts with the field's path under ``attributes``, so a caller that

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from backlog_dagster.errors import UserError
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation, Sink
 from backlog_dagster.source import Source
 
 
-class LogTruncated(RuntimeError):
+class LogTruncated(RuntimeError, UserError):
     """Retention removed unread records, and the pipeline was not told to skip them."""
 
 

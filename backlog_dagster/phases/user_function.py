@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from backlog_dagster.implementations import open_session
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
@@ -221,10 +223,8 @@ def _cache_dir() -> Path:
 
 
 def main() -> None:
-    from backlog_dagster.spark.session import get_session
-
     spec, input_ddl = sys.argv[1], sys.argv[2]
-    spark = get_session("local[1]", app_name="backlog-dagster-function-schema")
+    spark = open_session("local[1]", app_name="backlog-dagster-function-schema")
     try:
         print(json.dumps(describe_output(spark, spec, input_ddl)))
     finally:

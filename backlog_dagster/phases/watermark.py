@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.source import Source
-from backlog_dagster.spark.records import TIMESTAMP_COLUMN
+from backlog_dagster.source.records import TIMESTAMP_COLUMN
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from backlog_dagster.pipeline import extras
+from backlog_dagster import extras
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}

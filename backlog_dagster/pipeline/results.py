@@ -18,14 +18,15 @@ commit that does not start where its progress stands.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import pyarrow as pa
 
+from backlog_dagster.pipeline import sketches
 from backlog_dagster.pipeline.config import Aggregation, TransformConfig
-from backlog_dagster.spark.records import BUCKET_COLUMN, OFFSET_COLUMN
+from backlog_dagster.source.records import BUCKET_COLUMN, OFFSET_COLUMN
 
 #: ``sketch``: a HyperLogLog or KLL sketch, merged by a union in Python
 #: (``pipeline.sketches``) before the sink writes it, as SQL cannot.
@@ -109,8 +110,6 @@ def merge_partials(tables: Sequence[pa.Table], layout: ResultLayout) -> pa.Table
     more, as Spark made them), as one job over all those records would have made them:
     a row per key with its partials merged by their rules. A stateless pipeline's rows
     are all kept."""
-    from backlog_dagster.pipeline.sketches import merged_sketch
-
     table = pa.concat_tables(tables)
     if len(tables) == 1 or layout.stateless:
         return table
@@ -123,7 +122,9 @@ def merge_partials(tables: Sequence[pa.Table], layout: ResultLayout) -> pa.Table
     for i, partial in enumerate(layout.partials, start=len(keys)):
         column = grouped.column(i)
         if partial.merge == "sketch":
-            unions = [merged_sketch(partial.function, parts) for parts in column.to_pylist()]
+            unions = [
+                sketches.merged_sketch(partial.function, parts) for parts in column.to_pylist()
+            ]
             column = pa.chunked_array([pa.array(unions, pa.binary())])
         merged[partial.name] = column.cast(table.schema.field(partial.name).type)
     return pa.table([merged[name] for name in table.column_names], schema=table.schema)
@@ -176,3 +177,62 @@ def _split(aggregation: Aggregation) -> tuple[list[Partial], list[Derived]]:
         )
     assert function in ("count", "sum", "min", "max")
     return [Partial(name, function, column, _MERGE[function])], []
+
+
+KeyValues = Callable[[pa.ChunkedArray], list[object]]
+
+
+def merge_sketches(
+    new: pa.Table, held: pa.Table, layout: ResultLayout, values_of: KeyValues | None = None
+) -> pa.Table:
+    """``new`` partial results (as Spark made them) with each sketch unioned with
+    ``held``'s for the same key (``held`` has the keys and sketch columns of the rows the
+    sink already holds), and every estimate column added, filled from the union.
+    ``values_of`` turns a key column into the Python values the sink stores, for both
+    tables to match (as is, by default)."""
+    keys = list(layout.keys)
+    convert = values_of or _as_is
+    index = {key: row for row, key in enumerate(_key_tuples(held, keys, _as_is))}
+    rows = [index.get(key) for key in _key_tuples(new, keys, convert)]
+    for partial in layout.sketches:
+        mine = held.column(partial.name).to_pylist() if held.num_rows else []
+        theirs = new.column(partial.name).to_pylist()
+        merged: list[bytes | None] = []
+        estimates = [e for e in layout.estimates if e.sketch == partial.name]
+        values: dict[str, list[float | None]] = {e.name: [] for e in estimates}
+        for row, fresh in zip(rows, theirs, strict=True):
+            old = None if row is None else mine[row]
+            parts = [bytes(b) for b in (old, fresh) if b is not None]
+            if not parts:
+                merged.append(None)
+                for estimate in estimates:
+                    values[estimate.name].append(None)
+                continue
+            sketch = sketches.union(partial.function, parts)
+            merged.append(sketches.serialized(sketch))
+            for estimate in estimates:
+                values[estimate.name].append(sketches.estimate(sketch, estimate.quantile))
+        new = _replace(new, partial.name, pa.array(merged, pa.binary()))
+        for estimate in estimates:
+            kind = pa.int64() if estimate.quantile is None else pa.float64()
+            new = _replace(new, estimate.name, pa.array(values[estimate.name], kind))
+    return new
+
+
+def _replace(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
+    """``table`` with column ``name`` set to ``values``, added at the end if it had none."""
+    if name not in table.column_names:
+        return table.append_column(name, values)
+    return table.set_column(table.column_names.index(name), name, values)
+
+
+def _as_is(column: pa.ChunkedArray) -> list[object]:
+    return column.to_pylist()
+
+
+def _key_tuples(
+    table: pa.Table, keys: Sequence[str], convert: KeyValues
+) -> list[tuple[object, ...]]:
+    if table.num_rows == 0:
+        return []
+    return list(zip(*(convert(table.column(k)) for k in keys), strict=True))

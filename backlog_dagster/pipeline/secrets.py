@@ -13,10 +13,11 @@ from contextlib import contextmanager
 
 import dagster as dg
 
+from backlog_dagster.errors import UserError
 from backlog_dagster.pipeline.config import FromEnv
 
 
-class SettingUnset(ValueError):
+class SettingUnset(ValueError, UserError):
     """A setting reads an environment variable that is not set."""
 
 

@@ -6,6 +6,7 @@ of the code opens a sink with ``open_sink`` and depends on ``Sink`` alone.
 
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.results import layout_of
+from backlog_dagster.pipeline.secrets import resolve
 from backlog_dagster.sink.base import (
     DEAD_LETTER_COLUMNS,
     BucketState,
@@ -26,7 +27,6 @@ def open_sink(config: PipelineConfig) -> Sink:
     """
     sink, layout = config.sink, layout_of(config.transform)
     if sink.kind == "postgres":
-        from backlog_dagster.pipeline.secrets import resolve
         from backlog_dagster.sink.postgres import PostgresSink
 
         dsn = resolve(sink.dsn, "sink.dsn")
@@ -43,8 +43,6 @@ def for_other_processes(config: PipelineConfig) -> PipelineConfig:
     sink = config.sink
     if sink.kind != "postgres" or isinstance(sink.dsn, str):
         return config
-    from backlog_dagster.pipeline.secrets import resolve
-
     resolved = sink.model_copy(update={"dsn": resolve(sink.dsn, "sink.dsn")})
     return config.model_copy(update={"sink": resolved})
 

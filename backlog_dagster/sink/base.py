@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 from typing_extensions import Self
 
+from backlog_dagster.errors import UserError
 from backlog_dagster.pipeline.results import ResultLayout
 
 
@@ -129,7 +130,7 @@ def check_commit(
     return True
 
 
-class SinkUnreachable(RuntimeError):
+class SinkUnreachable(RuntimeError, UserError):
     """The sink cannot be opened; the message names the field and what to check."""
 
 

@@ -46,8 +46,12 @@ from tenacity import (
 )
 from typing_extensions import Self
 
-from backlog_dagster.pipeline.results import RECORD_ID, ResultLayout, visible_record_columns
-from backlog_dagster.pipeline.sketches import merge_sketches
+from backlog_dagster.pipeline.results import (
+    RECORD_ID,
+    ResultLayout,
+    merge_sketches,
+    visible_record_columns,
+)
 from backlog_dagster.sink.base import (
     DEAD_LETTER_COLUMNS,
     BucketState,

@@ -33,9 +33,9 @@ from backlog_dagster.pipeline.results import (
     WINDOW_END,
     WINDOW_START,
     ResultLayout,
+    merge_sketches,
     visible_record_columns,
 )
-from backlog_dagster.pipeline.sketches import merge_sketches
 from backlog_dagster.sink.base import (
     DEAD_LETTER_COLUMNS,
     BucketState,

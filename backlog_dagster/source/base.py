@@ -1,7 +1,7 @@
 """What every source offers: buckets of offset-ordered records, and how Spark reads them.
 
 The phases, the switch sensor and the checks at load time depend on the ``Source``
-protocol only; ``backlog_dagster.source.open_source`` chooses the implementation
+protocol only; ``backlog_dagster.implementations.open_source`` chooses the implementation
 ``source.kind`` names: the embedded log (``backlog_dagster.log``) or Kafka
 (``backlog_dagster.kafka``).
 
@@ -21,13 +21,15 @@ from typing import TYPE_CHECKING, Protocol
 import pyarrow as pa
 from typing_extensions import Self
 
+from backlog_dagster.errors import UserError
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamReader
     from pyspark.sql.types import StructType
 
 
-class SourceError(RuntimeError):
+class SourceError(RuntimeError, UserError):
     """A source that is missing, or asked for something it lacks."""
 
 

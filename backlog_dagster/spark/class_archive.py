@@ -12,9 +12,8 @@ driver, several at once under ``dagster dev``, and so does every restart after a
 An archive fits one JDK and one set of jars. Its file name carries a fingerprint of both,
 a driver starts from it only when it is there (``driver_java_option``), and a JVM given an
 archive that does not fit says so in one line and starts as usual. ``backlog-dagster
-spark class-archive`` writes it (``make`` does, when it sets up ``.venv``): a Spark driver
-of its own runs small pipelines, backlog then realtime (``spark.sample_run``), so the
-classes of both phases are loaded, and dumps them as it exits. It lives in the virtual
+spark class-archive`` writes it (``tools.class_archive``; ``make`` does, when it sets up
+``.venv``). It lives in the virtual
 environment when there is one (gone with it), else in the user's cache
 (``spark.home.project_folder``).
 """
@@ -24,11 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from backlog_dagster.spark.home import project_folder, spark_home
@@ -51,36 +46,6 @@ def driver_java_option(conf: Mapping[str, str]) -> str | None:
     return f"-XX:SharedArchiveFile={path}" if path.is_file() else None
 
 
-def write_archive(log: Callable[[str], None] = print) -> Path:
-    """Write the archive, unless it is there already; its path.
-
-    A driver of its own (another process) runs ``_load_classes`` and writes the archive
-    to a file of its own as it exits; that file takes the archive's name only once whole,
-    so a driver starting meanwhile never maps half an archive.
-    """
-    path = archive_path()
-    if path.is_file():
-        log(f"class-data archive already there: {path}")
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    log(f"writing the class-data archive of a local Spark driver to {path} (about a minute)")
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", __name__, str(partial)], capture_output=True, text=True
-    )
-    if done.returncode != 0 or not partial.is_file():
-        partial.unlink(missing_ok=True)
-        raise RuntimeError(
-            f"the Spark driver writing the class-data archive failed (exit {done.returncode}):"
-            f"\n{done.stderr[-3000:]}"
-        )
-    partial.replace(path)
-    size_mb = path.stat().st_size / 2**20
-    log(f"class-data archive written in {time.monotonic() - started:.0f} s ({size_mb:.0f} MiB)")
-    return path
-
-
 def _fingerprint() -> str:
     """What an archive must match: PySpark's jars, by the path a driver loads them from
     (``spark.home``), and the Java that Spark starts (as ``spark-class`` finds it:
@@ -96,27 +61,3 @@ def _fingerprint() -> str:
         stat = real.stat()
         parts += [str(real), str(stat.st_size), str(stat.st_mtime_ns)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-
-
-def _load_classes(target: Path) -> None:
-    """In a process of its own: a local driver that loads what runs load, writes them to
-    ``target`` as it exits, and is waited for (the dump takes seconds after the session
-    stops)."""
-    from backlog_dagster.spark.sample_run import run_sample
-    from backlog_dagster.spark.session import get_session
-
-    spark = get_session(
-        "local[*]", "class-archive", {DRIVER_JAVA_OPTIONS: f"-XX:ArchiveClassesAtExit={target}"}
-    )
-    gateway = spark.sparkContext._gateway
-    assert gateway is not None, "a local Spark has a py4j gateway to its JVM"
-    jvm = gateway.proc  # the JVM's process, which PySpark started
-    with tempfile.TemporaryDirectory(prefix="class-archive-") as folder:
-        run_sample(spark, Path(folder), backlog_records=20_000, live_rate=2_000, realtime_s=8)
-    spark.stop()
-    jvm.stdin.close()  # the gateway exits on end of input: then the JVM dumps the archive
-    jvm.wait(300)
-
-
-if __name__ == "__main__":
-    _load_classes(Path(sys.argv[1]))

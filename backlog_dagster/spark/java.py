@@ -12,12 +12,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from backlog_dagster.errors import UserError
+
 #: The oldest Java that Spark 4 runs on.
 OLDEST_JAVA = 17
 _VERSION = re.compile(r'version "(\d+)(?:\.(\d+))?')
 
 
-class JavaMissing(RuntimeError):
+class JavaMissing(RuntimeError, UserError):
     """No Java, or one too old, for a Spark this process would start."""
 
 

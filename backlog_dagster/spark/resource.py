@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from dagster_pyspark import LazyPySparkResource
 
-from backlog_dagster.pipeline import extras
+from backlog_dagster import extras
 from backlog_dagster.spark.java import require_java
-from backlog_dagster.spark.session import (
-    is_connect,
-    register_sources,
-    spark_config,
-    use_this_python,
-)
+from backlog_dagster.spark.session import is_connect, spark_config, use_this_python
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.datasource import DataSource
 
 
 def spark_resource(
@@ -34,13 +30,30 @@ def spark_resource(
     return LazyPySparkResource(spark_config=spark_config(master, app_name, conf))
 
 
-def session_of(resource: LazyPySparkResource) -> SparkSession:
-    """The resource's session, with the ``bucketlog`` source registered on it."""
+def session_of(
+    resource: LazyPySparkResource, data_sources: Sequence[type[DataSource]] = ()
+) -> SparkSession:
+    """The resource's session, with ``data_sources`` registered on it."""
     session = resource.spark_session
     if is_connect(session):
         retry_often(session)
-    register_sources(session)
+    for data_source in data_sources:
+        session.dataSource.register(data_source)
     return session
+
+
+def get_session(
+    master: str = "local[*]",
+    app_name: str = "backlog-dagster",
+    conf: Mapping[str, str] = {},
+    data_sources: Sequence[type[DataSource]] = (),
+) -> SparkSession:
+    """Get or create the session, with ``data_sources`` registered on it.
+
+    ``master`` may be ``local[*]``, a cluster URL, or a Spark Connect URL (``sc://…``).
+    The session is dagster-pyspark's (``spark_resource``), built from ``spark_config``.
+    """
+    return session_of(spark_resource(master, app_name, conf), data_sources)
 
 
 #: The longest wait between two tries to reach a Spark Connect server (ms), and enough

@@ -218,18 +218,15 @@ def connect_server(
     port: int | None = None,
     master: str = "local[*]",
     conf: Mapping[str, str] = {},
-    warm_up_s: float = 0,
-    log: Callable[[str], None] = lambda _: None,
+    warm_up: Callable[[SparkServer], None] | None = None,
 ) -> Iterator[SparkServer]:
-    """A Spark Connect server on loopback for the block; with ``warm_up_s``, warmed up
-    with a sample run first (``spark.sample_run.warm_up_server``)."""
+    """A Spark Connect server on loopback for the block; ``warm_up`` runs on it once it
+    listens, before the block (``tools.sample_run.warm_up_server`` warms its JIT)."""
     server = start_connect_server(port or free_port(), folder, master, conf)
     try:
         wait_until_listening(server)
-        if warm_up_s > 0:
-            from backlog_dagster.spark.sample_run import warm_up_server
-
-            warm_up_server(server.url, folder, warm_up_s, log)
+        if warm_up is not None:
+            warm_up(server)
         yield server
     finally:
         stop(server)

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from backlog_dagster.errors import UserError
 from backlog_dagster.spark.class_archive import DRIVER_JAVA_OPTIONS, driver_java_option
 from backlog_dagster.spark.home import spark_home
 
@@ -68,7 +69,7 @@ def use_this_python() -> None:
     os.environ["SPARK_HOME"] = str(spark_home())
 
 
-class SparkSettingRefused(ValueError):
+class SparkSettingRefused(ValueError, UserError):
     """A launch setting asked of a Spark that was launched already (a Connect server)."""
 
 
@@ -121,19 +122,6 @@ def apply_sql_settings(spark: SparkSession, settings: Mapping[str, str | None]) 
             spark.conf.unset(key)
         else:
             spark.conf.set(key, value)
-
-
-def get_session(
-    master: str = "local[*]", app_name: str = "backlog-dagster", conf: Mapping[str, str] = {}
-) -> SparkSession:
-    """Get or create the session and register the ``bucketlog`` data source on it.
-
-    ``master`` may be ``local[*]``, a cluster URL, or a Spark Connect URL (``sc://…``).
-    The session is dagster-pyspark's (``spark.resource``), built from ``spark_config``.
-    """
-    from backlog_dagster.spark.resource import session_of, spark_resource
-
-    return session_of(spark_resource(master, app_name, conf))
 
 
 def is_connect(spark: SparkSession) -> bool:
@@ -251,10 +239,3 @@ def runs_elsewhere(spark: SparkSession) -> bool:
     if is_connect(spark):
         return True
     return not (spark.sparkContext.master or "").startswith("local")
-
-
-def register_sources(session: SparkSession) -> None:
-    from backlog_dagster.source import data_sources
-
-    for data_source in data_sources():
-        session.dataSource.register(data_source)

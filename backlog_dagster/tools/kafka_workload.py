@@ -1,5 +1,5 @@
 """The reference workload into a Kafka topic: the same orders as the embedded log gets
-(``log.workload``), as JSON values, partitioned by customer like a keyed producer.
+(``tools.workload``), as JSON values, partitioned by customer like a keyed producer.
 
 Each record's Kafka timestamp is its arrival: the latest event time of its partition so
 far, so timestamps never decrease within a partition, as a producer stamping the

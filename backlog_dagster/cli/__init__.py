@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from backlog_dagster.demo import demo
-from backlog_dagster.kafka.cli import kafka_group
-from backlog_dagster.log.cli import log_group
-from backlog_dagster.pipeline.cli import pipeline_group
-from backlog_dagster.spark.cli import spark_group
+from backlog_dagster.cli.kafka import kafka_group
+from backlog_dagster.cli.log import log_group
+from backlog_dagster.cli.pipeline import pipeline_group
+from backlog_dagster.cli.spark import spark_group
+from backlog_dagster.tools.demo import demo
 
 
 @click.group()

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
-from backlog_dagster.kafka.mirror import LogMirror
 from backlog_dagster.kafka.mock_broker import serve
-from backlog_dagster.kafka.workload import KafkaOrders
-from backlog_dagster.produce import produce_reference, workload_options
+from backlog_dagster.tools.kafka_workload import KafkaOrders
+from backlog_dagster.tools.mirror import LogMirror
+from backlog_dagster.tools.produce import produce_reference, workload_options
 
 
 @click.group("kafka")

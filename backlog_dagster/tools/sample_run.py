@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from backlog_dagster.pipeline.config import PipelineConfig
+    from backlog_dagster.spark.servers import SparkServer
 
 EVERY_FUNCTION = [
     {"name": "orders", "function": "count"},
@@ -90,9 +91,9 @@ def run_sample(
     realtime queries side by side, each for ``realtime_s`` from its first micro-batch,
     while records are appended; the micro-batches they ran."""
     from backlog_dagster.log import create_topic
-    from backlog_dagster.log.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
     from backlog_dagster.phases.backlog import run_backlog
     from backlog_dagster.sink import open_sink
+    from backlog_dagster.tools.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP, produce_backlog
 
     topic = create_topic(
         folder / "orders", ORDERS_SCHEMA, timestamp_column=ORDERS_TIMESTAMP, buckets=2
@@ -124,7 +125,7 @@ def _append_live(topic: Path, rate: int, first_order_id: int, stop: threading.Ev
     """Records at ``rate`` until ``stop``, through a topic handle of this thread's own
     (a handle's SQLite connections belong to the thread that opened them)."""
     from backlog_dagster.log import Topic
-    from backlog_dagster.log.workload import produce_live
+    from backlog_dagster.tools.workload import produce_live
 
     with Topic(topic) as handle:
         produce_live(handle, rate, first_order_id=first_order_id, should_stop=stop.is_set)
@@ -208,11 +209,21 @@ def warm_up_server(url: str, folder: Path, seconds: float, log: Callable[[str], 
     log(f"server warmed up in {time.monotonic() - started:.0f} s ({said[-1]} micro-batches)")
 
 
+def warming(
+    folder: Path, seconds: float, log: Callable[[str], None]
+) -> Callable[[SparkServer], None] | None:
+    """What ``spark.servers.connect_server`` runs on a new server to warm it up for
+    ``seconds`` (``warm_up_server``); None, for no warm-up, when ``seconds`` is 0."""
+    if seconds <= 0:
+        return None
+    return lambda server: warm_up_server(server.url, folder, seconds, log)
+
+
 def _warm_up(url: str, scratch: Path, records: int, seconds: float) -> None:
     """The warm-up's own process: the sample run on the server; prints its micro-batches."""
-    from backlog_dagster.spark.session import get_session
+    from backlog_dagster.implementations import open_session
 
-    spark = get_session(url, app_name="backlog-dagster-warm-up")
+    spark = open_session(url, app_name="backlog-dagster-warm-up")
     try:
         print(run_sample(spark, scratch, records, WARM_UP_LIVE_RATE, seconds), flush=True)
     finally:

@@ -11,13 +11,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from backlog_dagster.errors import UserError
+from backlog_dagster.implementations import open_source
+from backlog_dagster.phases.session import new_pipeline_session, pipeline_spark
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.pipeline.load import PipelineFileError, load_pipeline, project_root_of
 from backlog_dagster.pipeline.paths import data_root, with_paths_under
-from backlog_dagster.pipeline.session import new_pipeline_session, pipeline_spark
-from backlog_dagster.pipeline.user_errors import user_error_types
 from backlog_dagster.sink import open_sink
-from backlog_dagster.source import open_source
 from backlog_dagster.spark.session import stopping_reopened
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def naming_the_file(path: Path) -> Iterator[None]:
     """A mistake the user can fix exits non-zero with its message, naming the file."""
     try:
         yield
-    except user_error_types() as error:
+    except UserError as error:
         raise click.ClickException(f"{path}: {error}") from None
 
 

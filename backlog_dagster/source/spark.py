@@ -1,7 +1,8 @@
-"""The Spark data source over a ``Source``; the embedded log's is format ``bucketlog``.
+"""The Spark data source over any ``Source``.
 
 Everything here works on the ``Source`` contract: a source's own package subclasses
-``SourceDataSource`` with its format name and how to open it from the options (Kafka:
+``SourceDataSource`` with its format name and how to open it from the options (the
+embedded log's is ``bucketlog``, in ``backlog_dagster.log.spark``; Kafka's is in
 ``backlog_dagster.kafka.spark``). The embedded log:
 
     spark.read.format("bucketlog").option("path", topic_dir).load()
@@ -69,17 +70,16 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
-from backlog_dagster.log import Topic, parse_ddl
-from backlog_dagster.log.topic import SPARK_FORMAT
 from backlog_dagster.source.base import Source
-from backlog_dagster.spark.pacing import Pacer
-from backlog_dagster.spark.records import (
+from backlog_dagster.source.records import (
     BUCKET_COLUMN,
     OFFSET_COLUMN,
     RecordLayout,
     check_layout,
     read_range,
 )
+from backlog_dagster.source.schema import parse_ddl
+from backlog_dagster.spark.pacing import Pacer
 from backlog_dagster.spark.session import read_tasks
 
 if TYPE_CHECKING:
@@ -89,7 +89,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.readwriter import DataFrameReader
 
-FORMAT = SPARK_FORMAT
 DEFAULT_MAX_RECORDS_PER_PARTITION = 2_000_000
 #: A read this many times ``MIN_RECORDS_PER_TASK`` or larger has at least this many tasks,
 #: unless option ``minPartitions`` says otherwise.
@@ -138,21 +137,6 @@ class SourceDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return StreamReader(_Plan.make(self.open, self.options, schema))
-
-
-class BucketLogDataSource(SourceDataSource):
-    """A topic of the embedded log, by its directory (option ``path``)."""
-
-    @classmethod
-    def name(cls) -> str:
-        return FORMAT
-
-    @staticmethod
-    def open(options: Mapping[str, str]) -> Source:
-        path = _option(options, "path")
-        if path is None:
-            raise ValueError(f"the {FORMAT} source needs option path: the topic's directory")
-        return Topic(path)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 
-from backlog_dagster.log.schema import parse_ddl
+from backlog_dagster.source.schema import parse_ddl
 
 ORDERS_DDL = (
     "order_id BIGINT NOT NULL, customer_id STRING NOT NULL, region STRING NOT NULL, "
@@ -39,7 +39,7 @@ _US_PER_DAY = 86_400_000_000
 
 class Appender(Protocol):
     """Where the workload goes: a topic of the embedded log, or a Kafka producer
-    (``backlog_dagster.kafka.workload``)."""
+    (``backlog_dagster.tools.kafka_workload``)."""
 
     def buckets(self) -> list[int]: ...
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import click
 
-from backlog_dagster.spark import class_archive, servers
-from backlog_dagster.spark.sample_run import DEFAULT_WARM_UP_S
+from backlog_dagster.spark import servers
+from backlog_dagster.tools import class_archive
+from backlog_dagster.tools.sample_run import DEFAULT_WARM_UP_S, warming
 
 
 @click.group("spark")
@@ -64,9 +65,9 @@ def connect_server(
     settings = dict(_setting(item) for item in conf)
     # A SIGTERM while the server starts or warms up stops it too, as Ctrl-C does.
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    with servers.connect_server(
-        folder.resolve(), port, master, settings, warm_up_s=warm_up_s, log=click.echo
-    ) as server:
+    folder = folder.resolve()
+    warm_up = warming(folder, warm_up_s, click.echo)
+    with servers.connect_server(folder, port, master, settings, warm_up) as server:
         click.echo(f"Spark Connect server up: {server.url} (log: {server.log}); Ctrl-C stops it")
         _wait_for(server)
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib.util
 
+from backlog_dagster.errors import UserError
+
 #: Each extra, what it is for, and the modules it brings (checked without importing them).
 EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "connect": (
@@ -20,7 +22,7 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-class MissingExtra(RuntimeError):
+class MissingExtra(RuntimeError, UserError):
     """An optional part of the package that a pipeline needs is not installed."""
 
 

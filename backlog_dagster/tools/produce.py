@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from backlog_dagster.log.workload import Appender, produce_backlog, produce_live
+from backlog_dagster.tools.workload import Appender, produce_backlog, produce_live
 
 console = Console(stderr=True)
 

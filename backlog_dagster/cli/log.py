@@ -11,11 +11,11 @@ from rich.console import Console
 from rich.table import Table
 
 from backlog_dagster.archive.layout import ArchiveFile, Format, archived_end
-from backlog_dagster.log.archive import RECORDS_PER_FILE, archive_before
-from backlog_dagster.log.schema import SchemaError, parse_ddl
 from backlog_dagster.log.topic import Payload, Topic, TopicError, create_topic
-from backlog_dagster.log.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP
-from backlog_dagster.produce import console, produce_reference, workload_options
+from backlog_dagster.source.schema import SchemaError, parse_ddl
+from backlog_dagster.tools.log_archive import RECORDS_PER_FILE, archive_before
+from backlog_dagster.tools.produce import console, produce_reference, workload_options
+from backlog_dagster.tools.workload import ORDERS_SCHEMA, ORDERS_TIMESTAMP
 
 topic_path = click.argument("topic", type=click.Path(path_type=Path))
 

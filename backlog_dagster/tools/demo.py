@@ -26,7 +26,14 @@ from dateutil.parser import isoparse
 from rich.console import Console
 from rich.table import Table
 
-from backlog_dagster.components.dev_server import (
+from backlog_dagster import extras
+from backlog_dagster.log.topic import Topic, create_topic
+from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.pipeline.load import load_pipeline
+from backlog_dagster.pipeline.paths import with_paths_under
+from backlog_dagster.pipeline.results import WINDOW_END, WINDOW_START
+from backlog_dagster.sink import open_sink
+from backlog_dagster.tools.dev_server import (
     POSTGRES_INSTANCE,
     all_of,
     copy_project,
@@ -36,20 +43,13 @@ from backlog_dagster.components.dev_server import (
     on_spark,
     postgres_url,
 )
-from backlog_dagster.log.topic import Topic, create_topic
-from backlog_dagster.log.workload import (
+from backlog_dagster.tools.produce import progress_bar
+from backlog_dagster.tools.workload import (
     ORDERS_SCHEMA,
     ORDERS_TIMESTAMP,
     produce_backlog,
     produce_live,
 )
-from backlog_dagster.pipeline import extras
-from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.pipeline.load import load_pipeline
-from backlog_dagster.pipeline.paths import with_paths_under
-from backlog_dagster.pipeline.results import WINDOW_END, WINDOW_START
-from backlog_dagster.produce import progress_bar
-from backlog_dagster.sink import open_sink
 
 if TYPE_CHECKING:
     from dagster import DagsterInstance
@@ -224,12 +224,12 @@ def _shared_spark(kind: str, folder: Path) -> Iterator[Edit]:
     """A Spark Connect server or a standalone cluster for the demo's runs, and the edit
     that points the example's pipelines at it (through ``DEMO_SPARK_ENV``)."""
     from backlog_dagster.spark import servers
-    from backlog_dagster.spark.sample_run import DEFAULT_WARM_UP_S
+    from backlog_dagster.tools.sample_run import DEFAULT_WARM_UP_S, warming
 
     begun = time.monotonic()
     if kind == "connect":
         with servers.connect_server(
-            folder, warm_up_s=DEFAULT_WARM_UP_S, log=console.print
+            folder, warm_up=warming(folder, DEFAULT_WARM_UP_S, console.print)
         ) as server:
             os.environ[DEMO_SPARK_ENV] = server.url
             console.print(
@@ -251,8 +251,8 @@ def _shared_spark(kind: str, folder: Path) -> Iterator[Edit]:
 def _on_kafka(topic_dir: Path, buckets: int) -> Iterator[Edit]:
     """A mock Kafka cluster with an ``orders`` topic that follows the log's, and the edit
     that points the example's pipelines at it (through ``DEMO_KAFKA_ENV``)."""
-    from backlog_dagster.kafka.mirror import mirrored
     from backlog_dagster.kafka.mock_broker import held_everything, mock_broker
+    from backlog_dagster.tools.mirror import mirrored
 
     with mock_broker(1) as broker:
         broker.create_topic("orders", buckets)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from backlog_dagster.kafka.workload import KafkaOrders
 from backlog_dagster.log import Topic
+from backlog_dagster.tools.kafka_workload import KafkaOrders
 
 
 class LogMirror:

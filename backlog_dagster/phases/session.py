@@ -12,7 +12,10 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from backlog_dagster.implementations import open_session
 from backlog_dagster.pipeline.config import PipelineConfig
+from backlog_dagster.pipeline.secrets import resolve, secret_kept_out
+from backlog_dagster.spark.session import apply_sql_settings, sql_settings_after
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -32,8 +35,6 @@ def pipeline_spark(
     it says ``{env: NAME}``), with the phase's ``spark_conf`` and then the run's; errors
     of the block never show a master read from there. A realtime step goes on with the
     session its run's backlog step ``handed`` over (``take_over``), if it did."""
-    from backlog_dagster.pipeline.secrets import resolve, secret_kept_out
-
     phase_conf = pipeline.backlog.spark_conf if phase == "backlog" else pipeline.realtime.spark_conf
     master = resolve(pipeline.spark_master, "spark_master")
     with secret_kept_out(pipeline.spark_master, master):
@@ -66,13 +67,10 @@ def new_pipeline_session(
     """A session on the pipeline's master with the phase's ``spark_conf`` and then the
     run's: ``pipeline_spark``'s, and the one a realtime run goes on in when its Spark
     Connect server started again under it."""
-    from backlog_dagster.pipeline.secrets import resolve, secret_kept_out
-    from backlog_dagster.spark.session import get_session
-
     phase_conf = pipeline.backlog.spark_conf if phase == "backlog" else pipeline.realtime.spark_conf
     master = resolve(pipeline.spark_master, "spark_master")
     with secret_kept_out(pipeline.spark_master, master):
-        return get_session(master, f"{phase}-{pipeline.name}", {**phase_conf, **run_conf})
+        return open_session(master, f"{phase}-{pipeline.name}", {**phase_conf, **run_conf})
 
 
 @dataclass(frozen=True)
@@ -108,6 +106,4 @@ def _settings_of_realtime(
     """Give the backlog's session the SQL settings a realtime run's own session starts
     with: what the backlog set goes back to the project's default or away, then the
     realtime phase's own (its launch settings are the backlog's: ``PipelineConfig``)."""
-    from backlog_dagster.spark.session import apply_sql_settings, sql_settings_after
-
     apply_sql_settings(spark, sql_settings_after(master, backlog_settings, conf))

@@ -245,7 +245,7 @@ def on_spark(master_env: str) -> Callable[[dict[str, Any]], bool]:
 def on_kafka(pipeline: str, servers_env: str, topic: str) -> Callable[[dict[str, Any]], bool]:
     """An ``edit`` for ``copy_project``: ``pipeline`` reads the reference orders from the
     Kafka ``topic`` (JSON values), its brokers read from ``servers_env``."""
-    from backlog_dagster.kafka.workload import ORDERS_RECORD_SCHEMA
+    from backlog_dagster.tools.kafka_workload import ORDERS_RECORD_SCHEMA
 
     def edit(attributes: dict[str, Any]) -> bool:
         if attributes["name"] == pipeline:
