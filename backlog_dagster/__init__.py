@@ -15,7 +15,7 @@ __all__ = ["BacklogPipeline"]
 def __getattr__(name: str) -> Any:
     """``backlog_dagster.BacklogPipeline``, as Dagster's YAML and ``dg`` name it."""
     if name == "BacklogPipeline":
-        from backlog_dagster.components.pipeline import BacklogPipeline
+        from backlog_dagster.components.component import BacklogPipeline
 
         return BacklogPipeline
     raise AttributeError(f"module 'backlog_dagster' has no attribute {name!r}")

@@ -92,7 +92,7 @@ def one_run(data: Path, armed: bool) -> dict[str, Any]:
     the settings the backlog step gives it (``components.pipeline.settings_beside_backlog``)."""
     import psutil
 
-    from backlog_dagster.components.pipeline import settings_beside_backlog
+    from backlog_dagster.components.assets import settings_beside_backlog
     from backlog_dagster.implementations import open_session
     from backlog_dagster.phases.backlog import run_backlog
     from backlog_dagster.phases.realtime import arm_beside

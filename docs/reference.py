@@ -38,11 +38,22 @@ class Setting:
 
 def settings() -> list[Setting]:
     """Every setting of a pipeline's ``attributes``, depth first, as YAML names them."""
+    from backlog_dagster.components.component import BacklogPipelineAttributes
     from backlog_dagster.pipeline.config import PipelineConfig
 
     schema = PipelineConfig.model_json_schema(by_alias=True)
     examples = _example_values()
-    return list(_walk(schema, schema["$defs"], "", examples))
+    # The component's own attribute, beside the pipeline's: its inner fields are
+    # Dagster's asset attributes, documented by Dagster.
+    translation = BacklogPipelineAttributes.model_fields["translation"]
+    own = Setting(
+        "translation",
+        "mapping (Dagster's asset attributes) or template",
+        "none",
+        translation.description or "",
+        _yaml({"group_name": "payments", "owners": ["team:data"]}),
+    )
+    return [*_walk(schema, schema["$defs"], "", examples), own]
 
 
 def _walk(

@@ -41,6 +41,7 @@ DAGSTER_DEV_MODULES = ("tests/test_crash.py", "tests/test_switch.py", "tests/tes
 #: also runs them (``pytest -m unit``) on the oldest and the newest supported Python.
 UNIT_MODULES = (
     "tests/test_chunks.py",
+    "tests/test_component.py",
     "tests/test_compiler_priority.py",
     "tests/test_install_checks.py",
     "tests/test_log.py",

@@ -15,7 +15,7 @@ import dagster as dg
 import pytest
 from pyspark.sql import SparkSession
 
-from backlog_dagster.components.pipeline import backlog_asset
+from backlog_dagster.components.assets import backlog_asset
 from backlog_dagster.log import Topic
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.markers import DefinitionChanged, current_generation, reset

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
 from backlog_dagster.cli import main
-from backlog_dagster.components.pipeline import backlog_asset
+from backlog_dagster.components.assets import backlog_asset
 from backlog_dagster.log import Topic, create_topic
 from backlog_dagster.phases.backlog import run_backlog
 from backlog_dagster.phases.bad_records import BadRecord

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from backlog_dagster.components.pipeline import realtime_asset
+from backlog_dagster.components.assets import realtime_asset
 from backlog_dagster.implementations import open_source
 from backlog_dagster.log import Topic
 from backlog_dagster.phases import micro_batch

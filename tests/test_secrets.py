@@ -44,7 +44,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from backlog_dagster.components.pipeline import backlog_asset
+from backlog_dagster.components.assets import backlog_asset
 from backlog_dagster.pipeline.load import load_pipeline
 
 DEFS = Path(__file__).with_name("defs.yaml")

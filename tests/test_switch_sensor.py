@@ -17,7 +17,7 @@ import dagster as dg
 import pytest
 
 from backlog_dagster.components import switch
-from backlog_dagster.components.pipeline import pipeline_definitions
+from backlog_dagster.components.assets import pipeline_definitions
 from backlog_dagster.phases.progress import RunProgress
 from backlog_dagster.sink import open_sink
 from tests.conftest import MakeTopic

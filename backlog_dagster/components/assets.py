@@ -1,22 +1,18 @@
-"""The ``BacklogPipeline`` Dagster component: one YAML file, one pipeline's definitions.
-
-    # defs.yaml
-    type: backlog_dagster.BacklogPipeline
-    attributes:
-      name: customer_totals
-      source: {path: ..., event_time: event_time}
-      transform: {keys: [customer_id], aggregations: [{name: total, function: sum, column: amount}]}
-      sink: {path: ..., table: customer_totals}
+"""What a ``BacklogPipeline`` builds: its two assets, their steps, the asset check, a job
+per phase and the switch sensor (``pipeline_definitions``).
 
 (No ``from __future__ import annotations`` here: Dagster reads the asset function's
 annotations at definition time.)
 
-It builds the ``<name>_backlog`` and ``<name>_realtime`` assets, a job per phase and the
-switch sensor. The backlog job also runs the realtime step, which goes on with the
-backlog step's Spark, and the query it armed as its backlog began, once the switch is
-due (``switch.continue_as_realtime``, the default).
+The ``<name>_backlog`` and ``<name>_realtime`` assets are one-asset ``multi_asset``s, so
+their specs (key, group, owners, tags, kinds, automation) can be anything the component's
+``translation`` or a subclass's ``get_asset_spec`` makes of them, while their op names,
+which run configs name, stay the pipeline's. The backlog job also runs the realtime
+step, which goes on with the backlog step's Spark, and the query it armed as its backlog
+began, once the switch is due (``switch.continue_as_realtime``, the default).
 """
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -25,10 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import dagster as dg
-from pydantic import BaseModel, Field
-from typing_extensions import Self
+from pydantic import Field
 
-from backlog_dagster.components.scaffold import BacklogPipelineScaffolder
 from backlog_dagster.errors import UserError
 from backlog_dagster.phases.session import (
     HandedOver,
@@ -39,7 +33,6 @@ from backlog_dagster.phases.session import (
     take_over,
 )
 from backlog_dagster.pipeline.config import BacklogConfig, PipelineConfig
-from backlog_dagster.pipeline.paths import data_root, with_paths_under
 from backlog_dagster.sink import BucketState, Sink, open_sink
 
 if TYPE_CHECKING:
@@ -70,38 +63,6 @@ class RealtimeRunConfig(dg.Config):
     that generation's switch (see ``phases.standby``)."""
     spark_conf: dict[str, str] = Field(default_factory=dict)
     """Spark settings of this run, over the pipeline's ``realtime.spark_conf``."""
-
-
-@dg.scaffold_with(BacklogPipelineScaffolder)
-class BacklogPipeline(dg.Component):
-    """A PySpark pipeline over a bucketed log that catches up in batch, then streams.
-
-    Attributes are validated by ``PipelineConfig`` (Dagster reports a mistake with the
-    file, line and field path). Relative paths resolve under the data root: see
-    ``data_root``.
-    """
-
-    def __init__(self, config: PipelineConfig, defs_file: Path | None = None) -> None:
-        self.config = config
-        #: The YAML file the pipeline was declared in: errors at run time name it.
-        self.defs_file = defs_file
-
-    @classmethod
-    def get_schema(cls) -> type[PipelineConfig]:
-        return PipelineConfig
-
-    @classmethod
-    def load(cls, attributes: BaseModel | None, context: dg.ComponentLoadContext) -> Self:
-        if not isinstance(attributes, PipelineConfig):
-            raise ValueError(f"{context.path}: a BacklogPipeline needs attributes")
-        folder = Path(context.path)
-        defs_file = folder / "defs.yaml" if folder.is_dir() else folder
-        config = with_paths_under(attributes, data_root(Path(context.project_root)))
-        refuse_misfit(config, context)
-        return cls(config, defs_file)
-
-    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        return pipeline_definitions(self.config, self.defs_file)
 
 
 def refuse_misfit(config: PipelineConfig, context: dg.ComponentLoadContext) -> None:
@@ -150,10 +111,71 @@ def refuse_misfit(config: PipelineConfig, context: dg.ComponentLoadContext) -> N
         raise error
 
 
-def pipeline_definitions(config: PipelineConfig, defs_file: Path | None = None) -> dg.Definitions:
-    """The pipeline's assets, asset check, one job per phase and its switch sensor."""
+#: What materializing each phase's asset runs (``backlog_step``, ``realtime_step``, or a
+#: component subclass's ``execute_backlog``/``execute_realtime``).
+BacklogStep = Callable[[dg.AssetExecutionContext, BacklogRunConfig], dg.MaterializeResult]
+RealtimeStep = Callable[
+    [dg.AssetExecutionContext, RealtimeRunConfig], Iterator[dg.MaterializeResult]
+]
+
+
+def phase_specs(config: PipelineConfig) -> dict[str, dg.AssetSpec]:
+    """Each phase's asset as the pipeline alone makes it: ``<name>_backlog`` and
+    ``<name>_realtime`` (which depends on it) in group ``<name>``, of kinds spark and the
+    sink's. The component's ``translation`` starts from these."""
+    name, kinds = config.name, {"spark", config.sink.kind}
+    backlog = dg.AssetSpec(
+        key=f"{name}_backlog",
+        group_name=name,
+        kinds=kinds,
+        description=f"Backlog phase of {name}: every record up to the boundary markers of "
+        f"{config.source.describe()}, aggregated in Spark batch, into "
+        f"{config.sink.describe()}.",
+    )
+    realtime = dg.AssetSpec(
+        key=f"{name}_realtime",
+        group_name=name,
+        kinds=kinds,
+        deps=[backlog.key],
+        description=f"Realtime phase of {name}: a long-running Structured Streaming query "
+        "from the markers on, merged into the backlog's results. Runs until cancelled.",
+        # A standby whose generation is replaced before the switch has done nothing: it
+        # ends without a materialization (nor the checks that would follow one).
+        skippable=True,
+    )
+    return {"backlog": backlog, "realtime": realtime}
+
+
+def pipeline_definitions(
+    config: PipelineConfig,
+    defs_file: Path | None = None,
+    specs: Mapping[str, dg.AssetSpec] | None = None,
+    steps: tuple[BacklogStep, RealtimeStep] | None = None,
+) -> dg.Definitions:
+    """The pipeline's assets (``specs``, else ``phase_specs``; materialized by ``steps``,
+    else ``backlog_step`` and ``realtime_step``), asset check, one job per phase and its
+    switch sensor."""
     from backlog_dagster.components.switch import switch_sensor
 
+    specs = specs or phase_specs(config)
+    keys = {phase: spec.key for phase, spec in specs.items()}
+    backlog_step_, realtime_step_ = steps or (None, None)
+    jobs = phase_jobs(config, keys)
+    return dg.Definitions(
+        assets=[
+            backlog_asset(config, defs_file, specs["backlog"], backlog_step_),
+            realtime_asset(config, defs_file, specs["realtime"], realtime_step_),
+        ],
+        asset_checks=[keeps_up_check(config, keys["realtime"])],
+        jobs=jobs,
+        sensors=[switch_sensor(config, jobs, keys)],
+    )
+
+
+def phase_jobs(
+    config: PipelineConfig, keys: Mapping[str, dg.AssetKey]
+) -> "list[dg.UnresolvedAssetJobDefinition]":
+    """``<name>_backlog_job`` and ``<name>_realtime_job``, each over its phase's asset."""
     # In-process steps: a step process of its own would only add a Python start (and
     # the imports of Dagster and the definitions) to every run, and one more process
     # between Dagster and the Spark driver.
@@ -169,14 +191,11 @@ def pipeline_definitions(config: PipelineConfig, defs_file: Path | None = None) 
             else "."
         ),
     }
-    selections = {
-        "backlog": [f"{config.name}_backlog"],
-        "realtime": [f"{config.name}_realtime"],
-    }
+    selections = {"backlog": [keys["backlog"]], "realtime": [keys["realtime"]]}
     if config.switch.continue_as_realtime:
         # The realtime step after the backlog step, in the backlog run's process (the
         # executor is in-process), goes on with the backlog's Spark.
-        selections["backlog"].append(f"{config.name}_realtime")
+        selections["backlog"].append(keys["realtime"])
         descriptions["backlog"] += (
             " Once its backlog has ended and the switch is due, the run goes on as the "
             "realtime run with the same Spark."
@@ -186,21 +205,15 @@ def pipeline_definitions(config: PipelineConfig, defs_file: Path | None = None) 
             "run (the one that did died, or the switch came after its backlog run ended): "
             f"launched by the {config.name}_switch sensor."
         )
-    jobs = [
+    return [
         dg.define_asset_job(
             f"{config.name}_{phase}_job",
-            selection=selections[phase],
+            selection=dg.AssetSelection.assets(*selections[phase]),
             executor_def=dg.in_process_executor,
             description=description,
         )
         for phase, description in descriptions.items()
     ]
-    return dg.Definitions(
-        assets=[backlog_asset(config, defs_file), realtime_asset(config, defs_file)],
-        asset_checks=[keeps_up_check(config)],
-        jobs=jobs,
-        sensors=[switch_sensor(config, jobs)],
-    )
 
 
 def realtime_checkpoint(pipeline: PipelineConfig, run_id: str) -> Path:
@@ -242,75 +255,90 @@ def cancel_said_plainly(log: Callable[[str], None], phase: str) -> Iterator[None
         raise dg.DagsterExecutionInterruptedError(said) from None
 
 
-def backlog_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg.AssetsDefinition:
-    @dg.asset(
-        name=f"{pipeline.name}_backlog",
-        group_name=pipeline.name,
-        kinds={"spark", pipeline.sink.kind},
-        description=f"Backlog phase of {pipeline.name}: every record up to the boundary "
-        f"markers of {pipeline.source.describe()}, aggregated in Spark batch, into "
-        f"{pipeline.sink.describe()}.",
+def backlog_asset(
+    pipeline: PipelineConfig,
+    defs_file: Path | None = None,
+    spec: dg.AssetSpec | None = None,
+    step: "BacklogStep | None" = None,
+) -> dg.AssetsDefinition:
+    """The backlog asset: ``spec`` (else the pipeline's own, ``phase_specs``), its op named
+    ``<name>_backlog``; materializing it runs ``step`` (else ``backlog_step``)."""
+    run: BacklogStep = step or functools.partial(backlog_step, pipeline, defs_file)
+
+    @dg.multi_asset(
+        name=f"{pipeline.name}_backlog", specs=[spec or phase_specs(pipeline)["backlog"]]
     )
     def backlog(
         context: dg.AssetExecutionContext, config: BacklogRunConfig
     ) -> dg.MaterializeResult:
-        from backlog_dagster.components.observations import backlog_finished_metadata
-        from backlog_dagster.phases.backlog import run_backlog
-
-        run_id = context.run.run_id
-        with (
-            cancel_said_plainly(context.log.info, "backlog"),
-            user_errors(defs_file),
-            heartbeat(pipeline, run_id),
-            pipeline_spark(pipeline, "backlog", config.spark_conf, run_id) as spark,
-            # Last in, first out: an armed query stops before the session it is on.
-            ExitStack() as reopened,
-            ExitStack() as armed_query,
-        ):
-            settings = backlog_settings(pipeline.backlog, config)
-            goes_on = goes_on_as_realtime(context, pipeline)
-            armed = None
-            if goes_on:
-                armed = _arm_realtime(context, pipeline, spark, settings, armed_query)
-
-            def reopen() -> "SparkSession":
-                """A session in place of one whose Spark Connect server started again
-                under the backlog (the backlog closed that one, and its armed query went
-                with the server): the realtime query is armed again beside the rest."""
-                nonlocal spark, armed
-                spark = new_pipeline_session(pipeline, "backlog", config.spark_conf)
-                # Stopped as the step ends, unless the realtime step goes on with it.
-                reopened.callback(stop_unless_handed_over, spark, run_id)
-                if goes_on:
-                    armed = _arm_realtime(context, pipeline, spark, settings, armed_query)
-                return spark
-
-            with open_sink(pipeline) as sink:
-                report = run_backlog(
-                    spark,
-                    pipeline.model_copy(update={"backlog": settings}),
-                    sink,
-                    checkpoint_interval=config.checkpoint_interval,
-                    log=context.log.info,
-                    run_id=run_id,
-                    reopen=reopen,
-                )
-                in_table = sink.dead_letter_count()
-                finished = backlog_finished_metadata(
-                    sink, report.generation, report.rows_read, report.seconds
-                )
-                if armed is not None:
-                    _go_on_as_realtime(
-                        context, pipeline, sink, spark, report.spark_settings, armed, armed_query
-                    )
-        metadata = finished | report_metadata(report)
-        metadata["dead_letters_in_table"] = dg.MetadataValue.int(in_table)
-        metadata["dead_letter_table"] = dg.MetadataValue.text(
-            f"{pipeline.sink.describe()}_dead_letters"
-        )
-        return dg.MaterializeResult(metadata=metadata)
+        return run(context, config)
 
     return backlog
+
+
+def backlog_step(
+    pipeline: PipelineConfig,
+    defs_file: Path | None,
+    context: dg.AssetExecutionContext,
+    config: BacklogRunConfig,
+) -> dg.MaterializeResult:
+    """The backlog phase of one run: up to the markers, in committed chunks; then, when
+    the switch is due and the run goes on as realtime, the hand-over to its realtime step."""
+    from backlog_dagster.components.observations import backlog_finished_metadata
+    from backlog_dagster.phases.backlog import run_backlog
+
+    run_id = context.run.run_id
+    with (
+        cancel_said_plainly(context.log.info, "backlog"),
+        user_errors(defs_file),
+        heartbeat(pipeline, run_id),
+        pipeline_spark(pipeline, "backlog", config.spark_conf, run_id) as spark,
+        # Last in, first out: an armed query stops before the session it is on.
+        ExitStack() as reopened,
+        ExitStack() as armed_query,
+    ):
+        settings = backlog_settings(pipeline.backlog, config)
+        goes_on = goes_on_as_realtime(context, pipeline)
+        armed = None
+        if goes_on:
+            armed = _arm_realtime(context, pipeline, spark, settings, armed_query)
+
+        def reopen() -> "SparkSession":
+            """A session in place of one whose Spark Connect server started again
+            under the backlog (the backlog closed that one, and its armed query went
+            with the server): the realtime query is armed again beside the rest."""
+            nonlocal spark, armed
+            spark = new_pipeline_session(pipeline, "backlog", config.spark_conf)
+            # Stopped as the step ends, unless the realtime step goes on with it.
+            reopened.callback(stop_unless_handed_over, spark, run_id)
+            if goes_on:
+                armed = _arm_realtime(context, pipeline, spark, settings, armed_query)
+            return spark
+
+        with open_sink(pipeline) as sink:
+            report = run_backlog(
+                spark,
+                pipeline.model_copy(update={"backlog": settings}),
+                sink,
+                checkpoint_interval=config.checkpoint_interval,
+                log=context.log.info,
+                run_id=run_id,
+                reopen=reopen,
+            )
+            in_table = sink.dead_letter_count()
+            finished = backlog_finished_metadata(
+                sink, report.generation, report.rows_read, report.seconds
+            )
+            if armed is not None:
+                _go_on_as_realtime(
+                    context, pipeline, sink, spark, report.spark_settings, armed, armed_query
+                )
+    metadata = finished | report_metadata(report)
+    metadata["dead_letters_in_table"] = dg.MetadataValue.int(in_table)
+    metadata["dead_letter_table"] = dg.MetadataValue.text(
+        f"{pipeline.sink.describe()}_dead_letters"
+    )
+    return dg.MaterializeResult(metadata=metadata)
 
 
 def goes_on_as_realtime(context: dg.AssetExecutionContext, pipeline: PipelineConfig) -> bool:
@@ -431,122 +459,135 @@ def heartbeat(pipeline: PipelineConfig, run_id: str) -> Iterator[None]:
         yield
 
 
-def realtime_asset(pipeline: PipelineConfig, defs_file: Path | None = None) -> dg.AssetsDefinition:
-    key = dg.AssetKey(f"{pipeline.name}_realtime")
+def realtime_asset(
+    pipeline: PipelineConfig,
+    defs_file: Path | None = None,
+    spec: dg.AssetSpec | None = None,
+    step: "RealtimeStep | None" = None,
+) -> dg.AssetsDefinition:
+    """The realtime asset: ``spec`` (else the pipeline's own, ``phase_specs``), its op named
+    ``<name>_realtime``; materializing it runs ``step`` (else ``realtime_step``)."""
+    run: RealtimeStep = step or functools.partial(realtime_step, pipeline, defs_file)
 
-    @dg.asset(
-        key=key,
-        group_name=pipeline.name,
-        kinds={"spark", pipeline.sink.kind},
-        deps=[f"{pipeline.name}_backlog"],
-        description=f"Realtime phase of {pipeline.name}: a long-running Structured Streaming "
-        "query from the markers on, merged into the backlog's results. Runs until cancelled.",
-        # A standby whose generation is replaced before the switch has done nothing: it
-        # ends without a materialization (nor the checks that would follow one).
-        output_required=False,
+    @dg.multi_asset(
+        name=f"{pipeline.name}_realtime", specs=[spec or phase_specs(pipeline)["realtime"]]
     )
     def realtime(
         context: dg.AssetExecutionContext, config: RealtimeRunConfig
     ) -> Iterator[dg.MaterializeResult]:
-        import shutil
-
-        from backlog_dagster.components.observations import (
-            realtime_ended_metadata,
-            realtime_reporter,
-        )
-        from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG
-        from backlog_dagster.phases.realtime import armed_realtime, run_realtime
-        from backlog_dagster.phases.standby import await_switch, warm_up
-        from backlog_dagster.spark.session import stopping_reopened
-
-        run_id = context.run.run_id
-        handed = take_over(run_id) if goes_on_as_realtime(context, pipeline) else None
-        if goes_on_as_realtime(context, pipeline) and handed is None:
-            context.log.info(
-                "realtime: this backlog run does not go on as the realtime run (the switch "
-                "was not due when its backlog ended); nothing materialized"
-            )
-            return
-        checkpoint = realtime_checkpoint(pipeline, run_id)
-        try:
-            with (
-                cancel_said_plainly(context.log.info, "realtime"),
-                user_errors(defs_file),
-                heartbeat(pipeline, context.run.run_id),
-                open_sink(pipeline) as sink,
-                open_sink(pipeline) as status_sink,
-                pipeline_spark(pipeline, "realtime", config.spark_conf, run_id, handed) as spark,
-                stopping_reopened(
-                    lambda: new_pipeline_session(pipeline, "realtime", config.spark_conf)
-                ) as reopen,
-                ExitStack() as standby,
-            ):
-                run_pipeline = with_run_settings(pipeline, config)
-                armed = None
-                if handed is not None:
-                    armed = handed.armed
-                    standby.enter_context(handed.stop_armed)
-                if config.standby_for_generation is not None:
-                    warm_up(spark, pipeline, status_sink)
-                    armed = standby.enter_context(
-                        armed_realtime(
-                            spark,
-                            run_pipeline,
-                            checkpoint_dir=checkpoint,
-                            run_id=context.run.run_id,
-                            log=context.log.info,
-                            checkpoint_interval=config.checkpoint_interval,
-                            shuffle_partitions=config.shuffle_partitions,
-                        )
-                    )
-                    if not await_switch(
-                        pipeline,
-                        status_sink,
-                        config.standby_for_generation,
-                        should_stop=lambda: False,
-                        log=context.log.info,
-                    ):
-                        context.log.info(
-                            f"standby: generation {config.standby_for_generation} was "
-                            "replaced before the switch; ending unused, nothing materialized"
-                        )
-                        return
-                    # From here on it is the realtime run, and its tags say so.
-                    context.instance.add_run_tags(
-                        context.run.run_id, {STANDBY_TAG: "false", STARTED_AS_TAG: "standby"}
-                    )
-
-                report = realtime_reporter(
-                    key, status_sink, pipeline.switch.report_every, context.log_event
-                )
-                status = run_realtime(
-                    spark,
-                    run_pipeline,
-                    sink,
-                    status_sink,
-                    checkpoint_dir=checkpoint,
-                    should_stop=lambda: False,
-                    log=context.log.info,
-                    on_status=report,
-                    status_every_s=pipeline.switch.status_every,
-                    checkpoint_interval=config.checkpoint_interval,
-                    shuffle_partitions=config.shuffle_partitions,
-                    armed=armed,
-                    # The backlog step's session read the source moments ago.
-                    source_reached=handed is not None,
-                    reopen=reopen,
-                )
-                ended = realtime_ended_metadata(status, status_sink)
-            yield dg.MaterializeResult(metadata=ended)
-        finally:
-            shutil.rmtree(checkpoint, ignore_errors=True)
+        yield from run(context, config)
 
     return realtime
 
 
-def keeps_up_check(pipeline: PipelineConfig) -> dg.AssetChecksDefinition:
+def realtime_step(
+    pipeline: PipelineConfig,
+    defs_file: Path | None,
+    context: dg.AssetExecutionContext,
+    config: RealtimeRunConfig,
+) -> Iterator[dg.MaterializeResult]:
+    """The realtime phase of one run (a standby first, if it is one), until cancelled."""
+    import shutil
+
+    from backlog_dagster.components.observations import (
+        realtime_ended_metadata,
+        realtime_reporter,
+    )
+    from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG
+    from backlog_dagster.phases.realtime import armed_realtime, run_realtime
+    from backlog_dagster.phases.standby import await_switch, warm_up
+    from backlog_dagster.spark.session import stopping_reopened
+
+    run_id = context.run.run_id
+    handed = take_over(run_id) if goes_on_as_realtime(context, pipeline) else None
+    if goes_on_as_realtime(context, pipeline) and handed is None:
+        context.log.info(
+            "realtime: this backlog run does not go on as the realtime run (the switch "
+            "was not due when its backlog ended); nothing materialized"
+        )
+        return
+    checkpoint = realtime_checkpoint(pipeline, run_id)
+    try:
+        with (
+            cancel_said_plainly(context.log.info, "realtime"),
+            user_errors(defs_file),
+            heartbeat(pipeline, context.run.run_id),
+            open_sink(pipeline) as sink,
+            open_sink(pipeline) as status_sink,
+            pipeline_spark(pipeline, "realtime", config.spark_conf, run_id, handed) as spark,
+            stopping_reopened(
+                lambda: new_pipeline_session(pipeline, "realtime", config.spark_conf)
+            ) as reopen,
+            ExitStack() as standby,
+        ):
+            run_pipeline = with_run_settings(pipeline, config)
+            armed = None
+            if handed is not None:
+                armed = handed.armed
+                standby.enter_context(handed.stop_armed)
+            if config.standby_for_generation is not None:
+                warm_up(spark, pipeline, status_sink)
+                armed = standby.enter_context(
+                    armed_realtime(
+                        spark,
+                        run_pipeline,
+                        checkpoint_dir=checkpoint,
+                        run_id=context.run.run_id,
+                        log=context.log.info,
+                        checkpoint_interval=config.checkpoint_interval,
+                        shuffle_partitions=config.shuffle_partitions,
+                    )
+                )
+                if not await_switch(
+                    pipeline,
+                    status_sink,
+                    config.standby_for_generation,
+                    should_stop=lambda: False,
+                    log=context.log.info,
+                ):
+                    context.log.info(
+                        f"standby: generation {config.standby_for_generation} was "
+                        "replaced before the switch; ending unused, nothing materialized"
+                    )
+                    return
+                # From here on it is the realtime run, and its tags say so.
+                context.instance.add_run_tags(
+                    context.run.run_id, {STANDBY_TAG: "false", STARTED_AS_TAG: "standby"}
+                )
+
+            report = realtime_reporter(
+                context.asset_key, status_sink, pipeline.switch.report_every, context.log_event
+            )
+            status = run_realtime(
+                spark,
+                run_pipeline,
+                sink,
+                status_sink,
+                checkpoint_dir=checkpoint,
+                should_stop=lambda: False,
+                log=context.log.info,
+                on_status=report,
+                status_every_s=pipeline.switch.status_every,
+                checkpoint_interval=config.checkpoint_interval,
+                shuffle_partitions=config.shuffle_partitions,
+                armed=armed,
+                # The backlog step's session read the source moments ago.
+                source_reached=handed is not None,
+                reopen=reopen,
+            )
+            ended = realtime_ended_metadata(status, status_sink)
+        yield dg.MaterializeResult(metadata=ended)
+    finally:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+def keeps_up_check(
+    pipeline: PipelineConfig, realtime: dg.AssetKey | None = None
+) -> dg.AssetChecksDefinition:
+    """The ``keeps_up`` check of the realtime asset (``realtime``, else its own key)."""
+
     @dg.asset_check(
-        asset=f"{pipeline.name}_realtime",
+        asset=realtime or phase_specs(pipeline)["realtime"].key,
         name="keeps_up",
         description="Warns when realtime does not keep up with the input: its offset lag "
         "grew over switch.keeps_up_window, its watermark lag is over the threshold, or the "
