@@ -59,6 +59,7 @@ from backlog_dagster.source.records import APPENDED_COLUMN, BUCKET_COLUMN, OFFSE
 from backlog_dagster.source.schema import TIMESTAMP
 from backlog_dagster.source.spark import read_here, waiting
 from backlog_dagster.spark.session import apply_sql_settings, is_connect
+from backlog_dagster.waiting import until
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -435,15 +436,12 @@ def _sink_for(config: PipelineConfig) -> Sink:
 
 
 def _await_own_lock(sink: Sink, holder: str, pipeline: str) -> None:
-    deadline = time.monotonic() + LOCK_PATIENCE_S
-    while not sink.holds_run_lock(holder):
-        if time.monotonic() >= deadline:
-            raise RunGone(
-                f"pipeline {pipeline}: the run that started this realtime query "
-                f"({holder}) no longer holds the run lock (now: "
-                f"{sink.lock_holder() or 'nobody'}); this query commits nothing and stops"
-            )
-        time.sleep(0.5)
+    if not until(lambda: sink.holds_run_lock(holder), LOCK_PATIENCE_S, 0.5):
+        raise RunGone(
+            f"pipeline {pipeline}: the run that started this realtime query "
+            f"({holder}) no longer holds the run lock (now: "
+            f"{sink.lock_holder() or 'nobody'}); this query commits nothing and stops"
+        )
 
 
 def _split_late(

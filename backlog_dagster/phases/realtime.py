@@ -68,6 +68,7 @@ from backlog_dagster.spark.session import (
     reopened_after_restart,
     runs_elsewhere,
 )
+from backlog_dagster.waiting import until
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -522,12 +523,7 @@ def _ended(query: StreamingQuery) -> bool:
 
 def _stopped_within(seconds: float, should_stop: Callable[[], bool]) -> bool:
     """Wait ``seconds``, or less if ``should_stop()``; whether it did."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if should_stop():
-            return True
-        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-    return should_stop()
+    return until(should_stop, seconds, 1.0) or should_stop()
 
 
 def _replaced(generation: Generation, status_sink: Sink, log: Callable[[str], None]) -> bool:

@@ -61,6 +61,7 @@ from backlog_dagster.sink.base import (
     SinkUnreachable,
     check_commit,
 )
+from backlog_dagster.waiting import until
 
 T = TypeVar("T")
 
@@ -942,14 +943,11 @@ class PostgresSink(ResultTables):
         holding it dies (and when the server restarts: ``keep_run_lock``).
         """
         name = f"{holder}, process {os.getpid()}"
-        deadline = time.monotonic() + wait_s
         connection = self._connect(name, patience_s=OPEN_S)
         try:
-            while not self._try_run_lock(connection):
-                if time.monotonic() >= deadline:
-                    yield False
-                    return
-                time.sleep(0.1)
+            if not until(lambda: self._try_run_lock(connection), wait_s, 0.1):
+                yield False
+                return
             self._lock = (name, connection)
             yield True
         finally:

@@ -25,6 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from filelock import lock_descriptor
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 from typing_extensions import Self
 
@@ -45,6 +46,7 @@ from backlog_dagster.sink.base import (
     SinkUnreachable,
     check_commit,
 )
+from backlog_dagster.waiting import until
 
 _STATE_TABLES = (
     """CREATE TABLE IF NOT EXISTS backlog_generations (
@@ -341,17 +343,10 @@ class PipelineState:
         """
         path = self._lock_path
         descriptor = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
-        deadline = time.monotonic() + wait_s
         try:
-            while True:
-                try:
-                    fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        yield False
-                        return
-                    time.sleep(0.1)
+            if not until(lambda: lock_descriptor(descriptor, blocking=False), wait_s, 0.1):
+                yield False
+                return
             os.ftruncate(descriptor, 0)
             os.pwrite(descriptor, f"{holder}, process {os.getpid()}".encode(), 0)
             self._holding = True

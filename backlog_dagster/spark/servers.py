@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from backlog_dagster.spark.session import (
     SESSION_CONF,
     with_driver_java_option,
 )
+from backlog_dagster.waiting import until
 
 #: Spark's Connect service as a plugin of the server's application
 #: (``spark.connect_main``), its sessions sharing Spark's compiled code and Python workers.
@@ -185,19 +185,23 @@ def wait_until_listening(server: SparkServer, timeout: float = 120) -> None:
     """Wait until the server accepts connections; its log's end if it died or took too long.
     Once it listens, its process is the JVM (Spark's launch script execs it), and that
     JVM's JIT compilers are niced (``spark.compiler_priority``)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", server.port), 1):
-            compiler_priority.lower_compiler_priority(server.process.pid)
-            return
-        if server.process.poll() is not None or time.monotonic() > deadline:
-            tail = server.log.read_text(errors="replace").splitlines()[-20:]
-            state = "exited" if server.process.poll() is not None else "is not listening"
-            raise RuntimeError(
-                f"Spark {server.name} ({server.url}) {state}; the end of its log "
-                f"({server.log.name}):\n" + "\n".join(tail)
-            )
-        time.sleep(0.5)
+
+    def listening() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", server.port), 1).close()
+        except OSError:
+            return False
+        return True
+
+    exited = lambda: server.process.poll() is not None  # noqa: E731
+    if not until(listening, timeout, 0.5, gives_up=exited):
+        tail = server.log.read_text(errors="replace").splitlines()[-20:]
+        state = "exited" if exited() else "is not listening"
+        raise RuntimeError(
+            f"Spark {server.name} ({server.url}) {state}; the end of its log "
+            f"({server.log.name}):\n" + "\n".join(tail)
+        )
+    compiler_priority.lower_compiler_priority(server.process.pid)
 
 
 def stop(server: SparkServer, signal_number: int = signal.SIGTERM) -> None:

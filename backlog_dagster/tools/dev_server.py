@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -17,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 from backlog_dagster.pipeline.paths import DATA_ENV
 from backlog_dagster.spark.servers import free_port
+from backlog_dagster.waiting import until
 
 #: Dagster's run, event-log and schedule storage on PostgreSQL (dagster-postgres), its
 #: server named by ``DAGSTER_POSTGRES_URL``; copy it to ``$DAGSTER_HOME/dagster.yaml``.
@@ -131,29 +132,18 @@ def stop_dagster_dev(process: subprocess.Popen[bytes]) -> None:
 
 
 def processes_under(root: int) -> set[int]:
-    """Every live descendant of process ``root`` (from ``/proc``; Linux only)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        children.setdefault(int(text.rsplit(")", 1)[1].split()[1]), []).append(
-            int(text.split(" ", 1)[0])
-        )
-    found, todo = set(), [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
+    """Every live descendant of process ``root``."""
+    try:
+        return {child.pid for child in psutil.Process(root).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
 
 
 def process_kind(pid: int) -> str:
     """What a process under ``dagster dev`` is, from its command line; ``gone`` if it ended."""
     try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
+        command = " ".join(psutil.Process(pid).cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return "gone"
     for needle, kind in (
         ("java", "spark_jvm"),
@@ -270,17 +260,17 @@ def all_of(*edits: Callable[[dict[str, Any]], bool]) -> Callable[[dict[str, Any]
 
 
 def _wait_until_up(server: DevServer, process: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
+    def up() -> bool:
         try:
             with urllib.request.urlopen(f"{server.url}/server_info", timeout=2):
-                return
+                return True
         except http.client.HTTPException as error:
             raise RuntimeError(
                 f"port {server.port} answers, but not as dagster's webserver ({error!r:.120});"
                 f" another process holds it; see {server.log}"
             ) from None
         except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"dagster dev did not start; see {server.log}") from None
-            time.sleep(0.5)
+            return False
+
+    if not until(up, timeout, 0.5, gives_up=lambda: process.poll() is not None):
+        raise RuntimeError(f"dagster dev did not start; see {server.log}")
