@@ -133,7 +133,12 @@ class CpuSampler(threading.Thread):
                     role = "backlog, then realtime"
                 else:
                     role = tags.get(PHASE_TAG, "other runs")
-                pipeline = run.job_name.removesuffix("_backlog_job").removesuffix("_realtime_job")
+                pipeline = (
+                    run.job_name.removesuffix("_job")
+                    .removesuffix("_realtime")
+                    .removesuffix("_backlog_then_realtime")
+                    .removesuffix("_backlog")
+                )
                 roles[group] = f"{role}: {pipeline}"
         return roles
 

@@ -70,7 +70,7 @@ def test_a_translation_sets_key_group_owners_tags_kinds_and_automation_per_phase
     # The realtime asset follows the backlog's key, whatever the translation made it.
     assert [dep.asset_key for dep in realtime.deps] == [backlog.key]
     # The jobs, the check and the op names (which run configs name) follow too.
-    job = defs.resolve_job_def("orders_total_backlog_job")
+    job = defs.resolve_job_def("orders_total_backlog_then_realtime_job")
     assert set(job.asset_layer.executable_asset_keys) >= {backlog.key}
     check_keys = {key.asset_key for key in defs.resolve_asset_graph().asset_check_keys}
     assert check_keys == {realtime.key}

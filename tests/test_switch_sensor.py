@@ -23,15 +23,18 @@ from backlog_dagster.sink import open_sink
 from tests.conftest import MakeTopic
 from tests.pipelines import CUSTOMER_TOTALS, pipeline
 
-JOB = "customer_totals_backlog_job"
-#: A standby realtime run beside the backlog run, rather than the backlog run going on.
+#: The backlog job, which goes on as the realtime run (``switch.continue_as_realtime``).
+JOB = "customer_totals_backlog_then_realtime_job"
+#: A standby realtime run beside the backlog run, rather than the backlog run going on;
+#: the backlog job then runs the backlog alone.
 WITH_STANDBY = {"standby": True, "continue_as_realtime": False}
+STANDBY_JOB = "customer_totals_backlog_job"
 
 
 def add_run(
-    instance: dg.DagsterInstance, status: dg.DagsterRunStatus, **tags: str
+    instance: dg.DagsterInstance, status: dg.DagsterRunStatus, job: str = JOB, **tags: str
 ) -> dg.DagsterRun:
-    run = dg.DagsterRun(job_name=JOB, run_id=str(uuid.uuid4()), status=status, tags=tags)
+    run = dg.DagsterRun(job_name=job, run_id=str(uuid.uuid4()), status=status, tags=tags)
     instance.add_run(run)
     return run
 
@@ -168,7 +171,7 @@ def test_a_standby_whose_backlog_keeps_failing_is_ended_and_not_paused(
     with dg.instance_for_test() as instance:
         first = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
         assert sorted(r.job_name for r in first.run_requests) == [
-            JOB,
+            STANDBY_JOB,
             "customer_totals_realtime_job",
         ]
         standby = dg.DagsterRun(
@@ -181,12 +184,12 @@ def test_a_standby_whose_backlog_keeps_failing_is_ended_and_not_paused(
         with open_sink(config) as sink:
             sink.beat(standby.run_id)  # alive: the sensor would mark a silent run failed
         own = {"dagster/failure_reason": "STEP_FAILURE", "backlog_dagster/generation": "1"}
-        add_run(instance, dg.DagsterRunStatus.FAILURE, **own)
+        add_run(instance, dg.DagsterRunStatus.FAILURE, STANDBY_JOB, **own)
         sensor(dg.build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs))
         still = instance.get_run_by_id(standby.run_id)
         assert still is not None and still.status == dg.DagsterRunStatus.STARTED  # once: waits
 
-        add_run(instance, dg.DagsterRunStatus.FAILURE, **own)
+        add_run(instance, dg.DagsterRunStatus.FAILURE, STANDBY_JOB, **own)
         sensor(dg.build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs))
         ended = instance.get_run_by_id(standby.run_id)
         assert ended is not None
@@ -221,8 +224,8 @@ def test_the_standby_starts_once_the_backlogs_eta_is_within_its_lead(
     standby = ["customer_totals_realtime_job"]
     with dg.instance_for_test() as instance:
         # The backlog run's Spark is starting (nothing published): the backlog run alone.
-        assert requested(instance) == [JOB]
-        reading = add_run(instance, dg.DagsterRunStatus.STARTED)
+        assert requested(instance) == [STANDBY_JOB]
+        reading = add_run(instance, dg.DagsterRunStatus.STARTED, STANDBY_JOB)
         with open_sink(config) as sink:
             sink.beat(reading.run_id)
         assert requested(instance) == []

@@ -220,7 +220,9 @@ def test_on_the_newest_python_a_user_project_catches_up_switches_and_streams_und
         wait_until(lambda: progress(config)[1] == latest(config), 300, "realtime to read them")
     assert_results_are_the_oracle(config)
     instance = dg.DagsterInstance.from_config(str(home))
-    backlog_runs = instance.get_runs(dg.RunsFilter(job_name=f"{PIPELINE}_backlog_job"))
+    backlog_runs = instance.get_runs(
+        dg.RunsFilter(job_name=f"{PIPELINE}_backlog_then_realtime_job")
+    )
     assert backlog_runs, "no backlog run"
     assert {run.tags.get("dagster/sensor_name") for run in backlog_runs} == {f"{PIPELINE}_switch"}
 

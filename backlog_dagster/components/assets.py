@@ -175,7 +175,10 @@ def pipeline_definitions(
 def phase_jobs(
     config: PipelineConfig, keys: Mapping[str, dg.AssetKey]
 ) -> "list[dg.UnresolvedAssetJobDefinition]":
-    """``<name>_backlog_job`` and ``<name>_realtime_job``, each over its phase's asset."""
+    """Each phase's job (``switch.job_names``) over its phase's asset."""
+    from backlog_dagster.components.switch import job_names
+
+    names = job_names(config)
     # In-process steps: a step process of its own would only add a Python start (and
     # the imports of Dagster and the definitions) to every run, and one more process
     # between Dagster and the Spark driver.
@@ -207,7 +210,7 @@ def phase_jobs(
         )
     return [
         dg.define_asset_job(
-            f"{config.name}_{phase}_job",
+            names[phase],
             selection=dg.AssetSelection.assets(*selections[phase]),
             executor_def=dg.in_process_executor,
             description=description,
@@ -345,8 +348,10 @@ def goes_on_as_realtime(context: dg.AssetExecutionContext, pipeline: PipelineCon
     """Whether this run is the pipeline's backlog job with its realtime step after the
     backlog's (``switch.continue_as_realtime``); a backlog asset materialized on its own
     does not go on."""
+    from backlog_dagster.components.switch import job_names
+
     return (
-        pipeline.switch.continue_as_realtime and context.job_name == f"{pipeline.name}_backlog_job"
+        pipeline.switch.continue_as_realtime and context.job_name == job_names(pipeline)["backlog"]
     )
 
 

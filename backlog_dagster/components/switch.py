@@ -101,6 +101,19 @@ ACTIVE = [
 ]
 
 
+def job_names(config: PipelineConfig) -> dict[str, str]:
+    """Each phase's job, named for what its runs do: with ``switch.continue_as_realtime``
+    (the default) the backlog's job runs realtime too, once the switch is due, and says
+    so (``<name>_backlog_then_realtime_job``); the realtime job is ``<name>_realtime_job``.
+    A run's ``backlog_dagster/phase`` tag says which phase it is in now."""
+    first = "backlog_then_realtime" if config.switch.continue_as_realtime else "backlog"
+    return {"backlog": f"{config.name}_{first}_job", "realtime": f"{config.name}_realtime_job"}
+
+
+#: Every name a pipeline's phase jobs can have, for ``runs_of_phase``.
+JOB_SUFFIXES = ("_backlog_then_realtime_job", "_backlog_job", "_realtime_job")
+
+
 def backlog_run_config(config: PipelineConfig) -> dict[str, Any]:
     """What the backlog run gets: the backlog checkpoint interval, batch shuffle settings."""
     backlog = config.backlog
@@ -143,7 +156,7 @@ def switch_sensor(
     """The pipeline's switch sensor, launching ``jobs`` and reporting on the assets
     ``asset_of`` each phase (else ``<name>_backlog`` and ``<name>_realtime``)."""
     name = config.name
-    job_of = {"backlog": f"{name}_backlog_job", "realtime": f"{name}_realtime_job"}
+    job_of = job_names(config)
     run_config_of = {"backlog": backlog_run_config(config), "realtime": realtime_run_config(config)}
     asset_of = dict(asset_of or {p: dg.AssetKey(f"{name}_{p}") for p in ("backlog", "realtime")})
 
@@ -286,6 +299,11 @@ def _last_runs(
     return {"backlog": None, "realtime": realtime}
 
 
+def _phase_of_job(suffix: str) -> str:
+    """The phase a run of the job ``suffix`` names is in when its tag does not say."""
+    return "realtime" if suffix == "_realtime_job" else "backlog"
+
+
 def created_at(instance: dg.DagsterInstance, run: dg.DagsterRun) -> float:
     record = instance.get_run_record_by_id(run.run_id)
     return 0.0 if record is None else record.create_timestamp.timestamp()
@@ -302,11 +320,11 @@ def runs_of_phase(
     run's phase tag says which (a run launched by hand has none: its job's)."""
     records = [
         record
-        for job in ("backlog", "realtime")
+        for suffix in JOB_SUFFIXES
         for record in instance.get_run_records(
-            filters=dg.RunsFilter(job_name=f"{pipeline}_{job}_job", statuses=statuses)
+            filters=dg.RunsFilter(job_name=f"{pipeline}{suffix}", statuses=statuses)
         )
-        if record.dagster_run.tags.get(PHASE_TAG, job) == phase
+        if record.dagster_run.tags.get(PHASE_TAG, _phase_of_job(suffix)) == phase
     ]
     records.sort(key=lambda record: record.create_timestamp, reverse=True)
     return [record.dagster_run for record in records]
@@ -699,7 +717,7 @@ def _standby_request(
         return None
     return dg.RunRequest(
         run_key=f"{config.name}-realtime-g{number}-standby",
-        job_name=f"{config.name}_realtime_job",
+        job_name=job_names(config)["realtime"],
         run_config=realtime_run_config(config, standby_for=number),
         tags={
             PHASE_TAG: "realtime",
@@ -728,7 +746,7 @@ def _end_standby_of_failing_backlog(
         return
     runs = context.instance.get_runs(
         filters=dg.RunsFilter(
-            job_name=f"{config.name}_backlog_job",
+            job_name=job_names(config)["backlog"],
             tags={"backlog_dagster/generation": str(number)},
         ),
         limit=STANDBY_GIVES_UP_AFTER,
