@@ -95,7 +95,7 @@ def one_run(data: Path, armed: bool) -> dict[str, Any]:
     from backlog_dagster.components.assets import settings_beside_backlog
     from backlog_dagster.implementations import open_session
     from backlog_dagster.phases.backlog import run_backlog
-    from backlog_dagster.phases.realtime import arm_beside
+    from backlog_dagster.phases.realtime import RealtimeRun, arm_beside
     from backlog_dagster.sink import open_sink
 
     def cpu_seconds() -> float:
@@ -116,10 +116,12 @@ def one_run(data: Path, armed: bool) -> dict[str, Any]:
                     stack,
                     spark,
                     config,
-                    checkpoint_dir=data / f"checkpoint-{time.monotonic_ns()}",
+                    RealtimeRun(
+                        checkpoint_dir=data / f"checkpoint-{time.monotonic_ns()}",
+                        log=lambda _: None,
+                    ),
                     run_id="bench",
                     session_settings=settings_beside_backlog(config, config.backlog, "local[*]"),
-                    log=lambda _: None,
                 )
             with open_sink(config) as sink:
                 report = run_backlog(

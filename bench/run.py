@@ -294,7 +294,7 @@ def _latency_at(
     import psutil
 
     from backlog_dagster.phases.backlog import run_backlog
-    from backlog_dagster.phases.realtime import run_realtime
+    from backlog_dagster.phases.realtime import RealtimeRun, run_realtime
 
     folder = scratch / (name or f"latency-{interval:g}")
     topic = _topic(folder / "example" / "orders", 100_000)
@@ -324,9 +324,11 @@ def _latency_at(
                     config,
                     sink,
                     status_sink,
-                    checkpoint_dir=folder / f"checkpoint-{config.name}",
-                    should_stop=stop.is_set,
-                    log=lambda _: None,
+                    RealtimeRun(
+                        checkpoint_dir=folder / f"checkpoint-{config.name}",
+                        should_stop=stop.is_set,
+                        log=lambda _: None,
+                    ),
                 )
         except BaseException as error:
             errors.append(error)

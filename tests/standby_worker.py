@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from backlog_dagster.cli.pipeline import pipeline_of
-from backlog_dagster.phases.realtime import armed_realtime, run_realtime
+from backlog_dagster.phases.realtime import RealtimeRun, armed_realtime, run_realtime
 from backlog_dagster.phases.session import new_pipeline_session, pipeline_spark
 from backlog_dagster.sink import open_sink
 from backlog_dagster.spark.session import stopping_reopened
@@ -37,7 +37,7 @@ def main(defs: Path, go: Path, total: int) -> None:
         open_sink(config) as status_sink,
         tempfile.TemporaryDirectory(prefix="standby-checkpoint-") as checkpoint,
         stopping_reopened(lambda: new_pipeline_session(config, "realtime")) as reopen,
-        armed_realtime(spark, config, checkpoint_dir=Path(checkpoint)) as armed,
+        armed_realtime(spark, config, RealtimeRun(checkpoint_dir=Path(checkpoint))) as armed,
     ):
         print("armed", flush=True)
         while not go.exists():
@@ -47,10 +47,12 @@ def main(defs: Path, go: Path, total: int) -> None:
             config,
             sink,
             status_sink,
-            checkpoint_dir=Path(checkpoint),
-            should_stop=reached_total,
-            log=lambda line: print(line, flush=True),
-            on_status=lambda status: None,
+            RealtimeRun(
+                checkpoint_dir=Path(checkpoint),
+                should_stop=reached_total,
+                log=lambda line: print(line, flush=True),
+                on_status=lambda status: None,
+            ),
             armed=armed,
             reopen=reopen,
         )

@@ -28,6 +28,7 @@ from backlog_dagster.phases.realtime import (
     WORKER_SLOW_TO_START,
     ArmedQuery,
     BacklogNotFinished,
+    RealtimeRun,
     arm_beside,
     armed_realtime,
     read_limit,
@@ -77,9 +78,11 @@ class RealtimeThread(threading.Thread):
                     self.config,
                     sink,
                     status_sink,
-                    checkpoint_dir=self.checkpoint,
-                    should_stop=self.stopping.is_set,
-                    status_every_s=1.0,
+                    RealtimeRun(
+                        checkpoint_dir=self.checkpoint,
+                        should_stop=self.stopping.is_set,
+                        status_every_s=1.0,
+                    ),
                 )
         except BaseException as error:  # reported by stop()
             self.error = error
@@ -205,7 +208,9 @@ def test_an_armed_query_reads_nothing_until_the_switch_then_goes_on_exactly(
     with (
         open_sink(config) as sink,
         open_sink(config) as status_sink,
-        armed_realtime(spark, config, checkpoint_dir=checkpoint, log=said.append) as armed,
+        armed_realtime(
+            spark, config, RealtimeRun(checkpoint_dir=checkpoint, log=said.append)
+        ) as armed,
     ):
         run_backlog(spark, config, sink, log=print)
         markers = reached(config)
@@ -234,9 +239,11 @@ def go_on_from_the_switch(
         spark,
         config,
         *sinks,
-        checkpoint_dir=checkpoint,
-        should_stop=lambda: reached(config) == topic.latest_offsets(),
-        log=said.append,
+        RealtimeRun(
+            checkpoint_dir=checkpoint,
+            should_stop=lambda: reached(config) == topic.latest_offsets(),
+            log=said.append,
+        ),
         armed=armed,
         source_reached=True,
     )
@@ -283,10 +290,9 @@ def test_a_query_armed_beside_the_backlog_takes_the_realtime_settings_on_its_own
                 stack,
                 spark,
                 config,
-                checkpoint_dir=tmp_path / "checkpoint",
+                RealtimeRun(checkpoint_dir=tmp_path / "checkpoint", log=said.append),
                 run_id="run-1",
                 session_settings=sql_settings_after("local[2]", backlog_settings, {}),
-                log=said.append,
             )
             report = run_backlog(spark, config, sink, log=print)
             query = armed()
@@ -311,7 +317,11 @@ def test_realtime_refuses_to_start_before_the_backlog_is_done(
     config = pipeline(tmp_path, CUSTOMER_TOTALS)
     with open_sink(config) as sink, pytest.raises(BacklogNotFinished, match="run the backlog"):
         run_realtime(
-            spark, config, sink, sink, checkpoint_dir=tmp_path / "c", should_stop=lambda: True
+            spark,
+            config,
+            sink,
+            sink,
+            RealtimeRun(checkpoint_dir=tmp_path / "c", should_stop=lambda: True),
         )
 
 

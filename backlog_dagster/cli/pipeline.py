@@ -193,7 +193,7 @@ def realtime(defs_yaml: Path, seconds: float | None) -> None:
     import tempfile
     import time
 
-    from backlog_dagster.phases.realtime import run_realtime
+    from backlog_dagster.phases.realtime import RealtimeRun, run_realtime
 
     config = pipeline_of(defs_yaml)
     stop_at = None if seconds is None else time.monotonic() + seconds
@@ -219,12 +219,16 @@ def realtime(defs_yaml: Path, seconds: float | None) -> None:
             config,
             sink,
             status_sink,
-            checkpoint_dir=Path(checkpoint),
-            should_stop=lambda: stopping or (stop_at is not None and time.monotonic() >= stop_at),
-            log=console.print,
-            on_status=lambda s: console.print(
-                f"realtime: {s.batches} batches, {s.records:,} records, lag "
-                f"{sum(s.offset_lag.values()):,} records, {s.records_per_s:,.0f} records/s"
+            RealtimeRun(
+                checkpoint_dir=Path(checkpoint),
+                should_stop=lambda: (
+                    stopping or (stop_at is not None and time.monotonic() >= stop_at)
+                ),
+                log=console.print,
+                on_status=lambda s: console.print(
+                    f"realtime: {s.batches} batches, {s.records:,} records, lag "
+                    f"{sum(s.offset_lag.values()):,} records, {s.records_per_s:,.0f} records/s"
+                ),
             ),
             reopen=reopen,
         )

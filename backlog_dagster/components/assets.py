@@ -381,7 +381,7 @@ def _arm_realtime(
     waits for the query."""
     import shutil
 
-    from backlog_dagster.phases.realtime import arm_beside
+    from backlog_dagster.phases.realtime import RealtimeRun, arm_beside
     from backlog_dagster.pipeline.secrets import resolve
 
     ops = cast(dict[str, Any], context.run.run_config.get("ops") or {})
@@ -395,12 +395,14 @@ def _arm_realtime(
         stack,
         spark,
         realtime,
-        checkpoint_dir=checkpoint,
+        RealtimeRun(
+            checkpoint_dir=checkpoint,
+            log=context.log.info,
+            checkpoint_interval=run.checkpoint_interval,
+            shuffle_partitions=run.shuffle_partitions,
+        ),
         run_id=context.run.run_id,
         session_settings=settings_beside_backlog(realtime, backlog, master),
-        log=context.log.info,
-        checkpoint_interval=run.checkpoint_interval,
-        shuffle_partitions=run.shuffle_partitions,
     )
 
 
@@ -499,7 +501,7 @@ def realtime_step(
         realtime_reporter,
     )
     from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG
-    from backlog_dagster.phases.realtime import armed_realtime, run_realtime
+    from backlog_dagster.phases.realtime import RealtimeRun, armed_realtime, run_realtime
     from backlog_dagster.phases.standby import await_switch, warm_up
     from backlog_dagster.spark.session import stopping_reopened
 
@@ -536,11 +538,13 @@ def realtime_step(
                     armed_realtime(
                         spark,
                         run_pipeline,
-                        checkpoint_dir=checkpoint,
+                        RealtimeRun(
+                            checkpoint_dir=checkpoint,
+                            log=context.log.info,
+                            checkpoint_interval=config.checkpoint_interval,
+                            shuffle_partitions=config.shuffle_partitions,
+                        ),
                         run_id=context.run.run_id,
-                        log=context.log.info,
-                        checkpoint_interval=config.checkpoint_interval,
-                        shuffle_partitions=config.shuffle_partitions,
                     )
                 )
                 if not await_switch(
@@ -568,15 +572,16 @@ def realtime_step(
                 run_pipeline,
                 sink,
                 status_sink,
-                checkpoint_dir=checkpoint,
-                should_stop=lambda: False,
-                log=context.log.info,
-                on_status=report,
-                status_every_s=pipeline.switch.status_every,
-                checkpoint_interval=config.checkpoint_interval,
-                shuffle_partitions=config.shuffle_partitions,
+                RealtimeRun(
+                    checkpoint_dir=checkpoint,
+                    should_stop=lambda: False,
+                    log=context.log.info,
+                    on_status=report,
+                    status_every_s=pipeline.switch.status_every,
+                    checkpoint_interval=config.checkpoint_interval,
+                    shuffle_partitions=config.shuffle_partitions,
+                ),
                 armed=armed,
-                # The backlog step's session read the source moments ago.
                 source_reached=handed is not None,
                 reopen=reopen,
             )

@@ -64,7 +64,7 @@ from backlog_dagster.phases.transform import (
 )
 from backlog_dagster.phases.truncation import handle_truncation, removed_unread
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.pipeline.results import layout_of
+from backlog_dagster.pipeline.results import ResultLayout, layout_of
 from backlog_dagster.sink import BucketState, Generation, Sink, open_sink
 from backlog_dagster.source import Source
 from backlog_dagster.source.spark import share_read_limit
@@ -327,125 +327,207 @@ def _read_to_markers(
 ) -> Generation:
     """Read, aggregate and commit chunk by chunk up to the markers; the generation after."""
     left = _left(generation)
-    settings = batch_settings(config, left)
-    for key, value in settings.items():
-        spark.conf.set(key, value)
-    report.spark_settings = {**config.backlog.spark_conf, **settings}
-    log("backlog: Spark settings " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    _set_batch_settings(spark, config, left, report, log)
     if left:
         log(f"backlog: {left:,} records to read up to the markers, {_chunking(interval, report)}")
-    join = config.transform.join
-    reference = None if join is None or left == 0 else read_reference(config, sink)
-    if reference is not None:
-        assert join is not None
-        log(
-            f"backlog: joining {join.describe()}, {reference.table.num_rows:,} rows, "
-            f"version {reference.version}"
-        )
-    tasks = one_chunk_read_tasks(left) if interval == 0 else None
-    layout = layout_of(config.transform)
-    joined = None if reference is None else reference.version
+    reference = _reference_of(config, sink, left, log)
     committed = _Commits(report, log, realtime=_moved_to_realtime(sink, config))
-    #: The chunk being read, its commit still to come, when it reads on in another job.
-    reading: _Reading | None = None
     # One source for the loop (the commit thread opens its own): opened anew for each
     # job it cost a log's bucket files opened three times over, a Kafka admin client each.
     with (
         open_source(config) as topic,
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="backlog-commit") as committer,
     ):
-
-        def commit(chunk: _Reading, generation: Generation) -> None:
-            """Commit ``chunk`` on the commit thread, once the chunk before it is in;
-            ``generation``: as it stands after it."""
-            committed.wait()
-            seconds = time.monotonic() - chunk.began
-            report.chunk_timings.append((chunk.records, seconds))
-            aggregated = merged(chunk.jobs, layout)
-            held_by = _held_by(topic, generation)
-            done = functools.partial(
-                _commit, sink, config, generation, chunk, aggregated, joined, seconds, held_by
-            )
-            committed.pending = _InFlight(committer.submit(done), aggregated)
-
-        while left > 0 and not committed.realtime:
-            budget = (
-                left
-                if interval == 0
-                else next_chunk_records(
-                    interval,
-                    report.job_timings,
-                    left,
-                    report.previous_chunk_rate,
-                    0.0 if reading is None else time.monotonic() - reading.began,
-                )
-            )
-            in_hand = committed.pending is not None or reading is not None
-            if in_hand and removed_unread(generation, topic):
-                if reading is not None:  # what it read is good: in before the gap
-                    commit(reading, generation)
-                    reading = None
-                committed.wait()  # the sink moves past the gap after it
-            generation, skipped = _past_removed(sink, topic, config, generation, log)
-            report.skipped_records += skipped
-            left = _left(generation)
-            if left == 0:
-                break
-            start = {b: s.reached for b, s in generation.buckets.items()}
-            grant = share_read_limit(
-                {str(b): max(0, s.marker - s.reached) for b, s in generation.buckets.items()},
-                budget,
-            )
-            end = _within_held(topic, start, {b: start[b] + grant[str(b)] for b in start})
-            job_started = time.monotonic()
-            report.reading_since = report.reading_since or time.time()
-            report.chunk = (start, end)
-            try:
-                aggregated, event_times = _aggregate(
-                    spark, config, topic, start, end, reference, tasks
-                )
-            except Exception:
-                report.chunk = None
-                if reading is not None:
-                    commit(reading, generation)
-                    reading = None
-                committed.wait()
-                # A range may have vanished under the job (retention): say so, or skip it.
-                if not removed_unread(generation, topic):
-                    raise
-                generation, skipped = _past_removed(sink, topic, config, generation, log)
-                report.skipped_records += skipped
-                left = _left(generation)
-                continue
-            records = sum(end[b] - start[b] for b in start)
-            report.read_to = {**report.read_to, **end}
-            report.rows_read += records
-            report.chunk = None
-            refuse_bad_records(config, aggregated.dead_letters)
-            committed.wait()
-            # Its job, and any wait for the chunk before it: when the next job can start.
-            report.job_timings.append((records, time.monotonic() - job_started))
-            generation = _reached(generation, end)
-            left = _left(generation)
-            reading = (
-                _Reading(job_started, start, end, (aggregated,), event_times)
-                if reading is None
-                else reading.then(start, end, aggregated, event_times)
-            )
-            cut_short = any(end[b] < start[b] + grant[str(b)] for b in start)  # a hole
-            if (
-                left > 0
-                and not cut_short
-                and not committed.realtime
-                and goes_on(interval, time.monotonic() - reading.began)
-            ):
-                continue
-            commit(reading, generation)
-            reading = None
+        chunks = _Chunks(spark, config, sink, topic, committer, committed, reference)
+        chunks.generation, chunks.interval = generation, interval
+        chunks.tasks = one_chunk_read_tasks(left) if interval == 0 else None
+        while chunks.left > 0 and not committed.realtime and chunks.read_one_job():
+            pass
         committed.wait()
     if committed.realtime:
         log("backlog: the switch moved the pipeline to realtime; stopping here")
-    return generation
+    return chunks.generation
+
+
+def _set_batch_settings(
+    spark: SparkSession,
+    config: PipelineConfig,
+    left: int,
+    report: BacklogReport,
+    log: Callable[[str], None],
+) -> None:
+    """The batch plan's settings on the session, as the report and the log give them."""
+    settings = batch_settings(config, left)
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    report.spark_settings = {**config.backlog.spark_conf, **settings}
+    log("backlog: Spark settings " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+
+
+def _reference_of(
+    config: PipelineConfig, sink: Sink, left: int, log: Callable[[str], None]
+) -> Reference | None:
+    """The reference data the backlog joins, when it joins one and has records to read."""
+    join = config.transform.join
+    if join is None or left == 0:
+        return None
+    reference = read_reference(config, sink)
+    log(
+        f"backlog: joining {join.describe()}, {reference.table.num_rows:,} rows, "
+        f"version {reference.version}"
+    )
+    return reference
+
+
+@dataclass
+class _Chunks:
+    """The backlog's chunks as they are read and committed (``_read_to_markers``): a
+    chunk reads in one or more Spark jobs, then commits on the commit thread while the
+    next chunk's first job reads."""
+
+    spark: SparkSession
+    config: PipelineConfig
+    sink: Sink
+    topic: Source
+    committer: ThreadPoolExecutor
+    committed: _Commits
+    reference: Reference | None
+    generation: Generation = field(init=False)
+    #: The checkpoint interval chunks are sized to (s; 0: one chunk).
+    interval: float = field(init=False)
+    tasks: int | None = field(init=False)
+    #: The chunk being read, its commit still to come, when it reads on in another job.
+    reading: _Reading | None = None
+    layout: ResultLayout = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.layout = layout_of(self.config.transform)
+
+    @property
+    def left(self) -> int:
+        return _left(self.generation)
+
+    @property
+    def report(self) -> BacklogReport:
+        return self.committed.report
+
+    def read_one_job(self) -> bool:
+        """Read the next job's records (after committing what a gap left by retention
+        needs in first); False when nothing is left to read."""
+        budget = self._budget()
+        self._commit_before_a_gap()
+        self._skip_removed()
+        if self.left == 0:
+            return False
+        start = {b: s.reached for b, s in self.generation.buckets.items()}
+        grant = share_read_limit(
+            {str(b): max(0, s.marker - s.reached) for b, s in self.generation.buckets.items()},
+            budget,
+        )
+        end = _within_held(self.topic, start, {b: start[b] + grant[str(b)] for b in start})
+        job_started = time.monotonic()
+        self.report.reading_since = self.report.reading_since or time.time()
+        self.report.chunk = (start, end)
+        try:
+            aggregated, event_times = _aggregate(
+                self.spark, self.config, self.topic, start, end, self.reference, self.tasks
+            )
+        except Exception:
+            self.report.chunk = None
+            self._commit_reading()
+            self.committed.wait()
+            # A range may have vanished under the job (retention): say so, or skip it.
+            if not removed_unread(self.generation, self.topic):
+                raise
+            self._skip_removed()
+            return True
+        cut_short = any(end[b] < start[b] + grant[str(b)] for b in start)  # a hole
+        self._read((start, end), job_started, aggregated, event_times, cut_short)
+        return True
+
+    def _budget(self) -> int:
+        """How many records the next job reads: all that are left for one chunk, else
+        what fits the rest of the chunk's interval."""
+        if self.interval == 0:
+            return self.left
+        return next_chunk_records(
+            self.interval,
+            self.report.job_timings,
+            self.left,
+            self.report.previous_chunk_rate,
+            0.0 if self.reading is None else time.monotonic() - self.reading.began,
+        )
+
+    def _commit_before_a_gap(self) -> None:
+        """Where retention removed records not read yet, what was read (good: in before
+        the gap) commits first; the sink moves past the gap after it."""
+        in_hand = self.committed.pending is not None or self.reading is not None
+        if in_hand and removed_unread(self.generation, self.topic):
+            self._commit_reading()
+            self.committed.wait()
+
+    def _skip_removed(self) -> None:
+        self.generation, skipped = _past_removed(
+            self.sink, self.topic, self.config, self.generation, self.committed.log
+        )
+        self.report.skipped_records += skipped
+
+    def _read(
+        self,
+        job: tuple[dict[int, int], dict[int, int]],
+        job_started: float,
+        aggregated: Aggregated,
+        event_times: dict[int, int | None],
+        cut_short: bool,
+    ) -> None:
+        """Count a job's records in, and commit its chunk unless it reads on."""
+        start, end = job
+        records = sum(end[b] - start[b] for b in start)
+        report = self.report
+        report.read_to = {**report.read_to, **end}
+        report.rows_read += records
+        report.chunk = None
+        refuse_bad_records(self.config, aggregated.dead_letters)
+        self.committed.wait()
+        # Its job, and any wait for the chunk before it: when the next job can start.
+        report.job_timings.append((records, time.monotonic() - job_started))
+        self.generation = _reached(self.generation, end)
+        self.reading = (
+            _Reading(job_started, start, end, (aggregated,), event_times)
+            if self.reading is None
+            else self.reading.then(start, end, aggregated, event_times)
+        )
+        if (
+            self.left > 0
+            and not cut_short
+            and not self.committed.realtime
+            and goes_on(self.interval, time.monotonic() - self.reading.began)
+        ):
+            return
+        self._commit_reading()
+
+    def _commit_reading(self) -> None:
+        """Commit the chunk being read, if one is, on the commit thread, once the chunk
+        before it is in."""
+        chunk, self.reading = self.reading, None
+        if chunk is None:
+            return
+        self.committed.wait()
+        seconds = time.monotonic() - chunk.began
+        self.report.chunk_timings.append((chunk.records, seconds))
+        aggregated = merged(chunk.jobs, self.layout)
+        done = functools.partial(
+            _commit,
+            self.sink,
+            self.config,
+            self.generation,
+            chunk,
+            aggregated,
+            None if self.reference is None else self.reference.version,
+            seconds,
+            _held_by(self.topic, self.generation),
+        )
+        self.committed.pending = _InFlight(self.committer.submit(done), aggregated)
 
 
 def one_chunk_read_tasks(records: int) -> int:

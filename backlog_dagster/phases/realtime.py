@@ -161,54 +161,59 @@ def streaming_settings(config: PipelineConfig, shuffle_partitions: int | None) -
     return {key: value for key, value in settings.items() if key not in config.realtime.spark_conf}
 
 
+@dataclass(frozen=True)
+class RealtimeRun:
+    """How a run drives its realtime query: where its checkpoint goes, when it stops,
+    where it says what it does, and the run's own settings over the pipeline's."""
+
+    #: The query's checkpoint folder (the run's own: it is emptied before each start).
+    checkpoint_dir: Path
+    should_stop: Callable[[], bool] = lambda: False
+    log: Callable[[str], None] = print
+    on_status: Callable[[RealtimeStatus], None] = lambda status: None
+    #: Seconds between two ``on_status`` calls.
+    status_every_s: float = 5.0
+    #: The micro-batch interval (s); None: the pipeline's ``realtime.checkpoint_interval``.
+    checkpoint_interval: float | None = None
+    shuffle_partitions: int | None = None
+
+    def interval(self, config: PipelineConfig) -> float:
+        return self.checkpoint_interval or config.realtime.checkpoint_interval
+
+
 def run_realtime(
     spark: SparkSession,
     config: PipelineConfig,
     sink: Sink,
     status_sink: Sink,
+    run: RealtimeRun,
     *,
-    checkpoint_dir: Path,
-    should_stop: Callable[[], bool],
-    log: Callable[[str], None] = print,
-    on_status: Callable[[RealtimeStatus], None] = lambda status: None,
-    status_every_s: float = 5.0,
-    checkpoint_interval: float | None = None,
-    shuffle_partitions: int | None = None,
     armed: ArmedQuery | None = None,
     source_reached: bool = False,
     reopen: Reopen | None = None,
 ) -> RealtimeStatus:
-    """Run micro-batches until ``should_stop()``; ``status_sink`` is a second connection.
-    ``armed``: the query ``armed_realtime`` started for this run (same config, checkpoint
-    folder, interval and shuffle partitions), to go on with instead of starting one.
-    ``source_reached``: this session's executors have read the source already (the
-    backlog step's session, handed over), so the query start skips that check's job.
-    ``reopen``: a new session like ``spark``, for when ``spark`` is a Spark Connect
-    session whose server started again under the query (``server_restarted``): the run
-    then closes ``spark`` and goes on in a new session rather than failing. The caller
-    stops the sessions ``reopen`` gave (``stopping_reopened``).
+    """Run micro-batches until ``run.should_stop()``; ``status_sink`` is a second
+    connection. ``armed``: the query ``armed_realtime`` started for this run (same config,
+    checkpoint folder, interval and shuffle partitions), to go on with instead of
+    starting one. ``source_reached``: this session's executors have read the source
+    already (the backlog step's session, handed over), so the query start skips that
+    check's job. ``reopen``: a new session like ``spark``, for when ``spark`` is a Spark
+    Connect session whose server started again under the query (``server_restarted``):
+    the run then closes ``spark`` and goes on in a new session rather than failing. The
+    caller stops the sessions ``reopen`` gave (``stopping_reopened``).
 
     Refused (``PhaseAlreadyRunning``) while another run of the pipeline is going.
     """
     holder = _new_holder() if armed is None else armed.holder
     with exclusive_run(sink, config, "realtime", holder=holder):
-        return _run_realtime(
-            spark,
-            config,
-            _commit_for(config, holder),
-            None if armed is None else armed.query,
-            sink,
-            status_sink,
-            checkpoint_dir,
-            should_stop,
-            log,
-            on_status,
-            status_every_s,
-            checkpoint_interval,
-            shuffle_partitions,
-            source_reached or armed is not None,
-            reopen,
+        generation, schema, stream_reader = _prepared(
+            spark, config, sink, run.log, reach=not (source_reached or armed is not None)
         )
+        state = _Realtime(
+            spark, config, _commit_for(config, holder), (sink, status_sink), run, reopen
+        )
+        state.generation, state.schema, state.stream_reader = generation, schema, stream_reader
+        return _run_realtime(state, None if armed is None else armed.query)
 
 
 @dataclass(frozen=True)
@@ -224,12 +229,9 @@ class ArmedQuery:
 def armed_realtime(
     spark: SparkSession,
     config: PipelineConfig,
+    run: RealtimeRun,
     *,
-    checkpoint_dir: Path,
     run_id: str | None = None,
-    log: Callable[[str], None] = print,
-    checkpoint_interval: float | None = None,
-    shuffle_partitions: int | None = None,
     session_settings: Mapping[str, str | None] | None = None,
 ) -> Iterator[ArmedQuery]:
     """Start the pipeline's realtime query reading nothing, for ``run_realtime`` to go
@@ -243,16 +245,18 @@ def armed_realtime(
     with open_source(config) as topic:
         schema = _query_schema(spark, config, topic)
         reader = topic.stream_reader(spark)
-    interval = checkpoint_interval or config.realtime.checkpoint_interval
+    interval = run.interval(config)
     if session_settings is None:
-        _apply_settings(spark, config, shuffle_partitions, log)
+        _apply_settings(spark, config, run.shuffle_partitions, run.log)
     holder = _new_holder()
-    shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
     commit = replace(
         _commit_for(config, holder), run_id=run_id, session_settings=dict(session_settings or {})
     )
-    query = _start_query(reader, config, schema, commit, interval, checkpoint_dir, log)
-    log(f"realtime: query armed (micro-batches every {interval:g} s); it reads from the switch on")
+    query = _start_query(reader, config, schema, commit, interval, run.checkpoint_dir, run.log)
+    run.log(
+        f"realtime: query armed (micro-batches every {interval:g} s); it reads from the switch on"
+    )
     try:
         yield ArmedQuery(query, holder)
     finally:
@@ -263,13 +267,10 @@ def arm_beside(
     stack: ExitStack,
     spark: SparkSession,
     config: PipelineConfig,
+    run: RealtimeRun,
     *,
-    checkpoint_dir: Path,
     run_id: str,
     session_settings: Mapping[str, str | None],
-    log: Callable[[str], None] = print,
-    checkpoint_interval: float | None = None,
-    shuffle_partitions: int | None = None,
 ) -> Callable[[], ArmedQuery | None]:
     """``armed_realtime`` in a thread, beside a backlog that runs on ``spark``; what it
     returns waits for the query: None when arming failed (said in the log; the realtime
@@ -283,24 +284,12 @@ def arm_beside(
     realtime phase's (``session_settings``, with ``streaming_settings``) on its own
     copy of the session, with its first micro-batch.
     """
-    settings = {
-        **session_settings,
-        **streaming_settings(config, shuffle_partitions),
-    }
+    settings = {**session_settings, **streaming_settings(config, run.shuffle_partitions)}
     own = ExitStack()
 
     def arm() -> ArmedQuery:
         return own.enter_context(
-            armed_realtime(
-                spark,
-                config,
-                checkpoint_dir=checkpoint_dir,
-                run_id=run_id,
-                log=log,
-                checkpoint_interval=checkpoint_interval,
-                shuffle_partitions=shuffle_partitions,
-                session_settings=settings,
-            )
+            armed_realtime(spark, config, run, run_id=run_id, session_settings=settings)
         )
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="realtime-arming")
@@ -314,7 +303,7 @@ def arm_beside(
         try:
             return arming.result()
         except Exception as error:  # the realtime run starts its query the usual way
-            log(f"realtime: the query was not armed during the backlog ({error})")
+            run.log(f"realtime: the query was not armed during the backlog ({error})")
             return None
 
     return armed
@@ -358,29 +347,67 @@ def _apply_settings(
     log("realtime: Spark settings " + ", ".join(f"{k}={v}" for k, v in settings.items()))
 
 
-def _run_realtime(
+@dataclass
+class _Realtime:
+    """One realtime run across the queries it starts (``_run_realtime``): the session
+    it is on (a new one after its Spark Connect server started again), the generation it
+    reads and what it has reported."""
+
+    spark: SparkSession
+    config: PipelineConfig
+    commit: MicroBatchCommit
+    #: The run's sink (it holds the run lock) and a second connection, for status.
+    sinks: tuple[Sink, Sink]
+    run: RealtimeRun
+    reopen: Reopen | None
+    generation: Generation = field(init=False)
+    schema: str | None = field(init=False)
+    #: A new reader each time the query (re)starts.
+    stream_reader: Callable[[SparkSession], DataStreamReader] = field(init=False)
+    status: RealtimeStatus = field(default_factory=RealtimeStatus)
+    counts: _Counts = field(init=False)
+    #: Queries of this run stopped by a Python worker slow to start once they ran, or
+    #: one that died (``_python_worker_lost``).
+    worker_stops: int = 0
+    #: The session the streaming settings were last set on.
+    settled: SparkSession | None = None
+
+    def __post_init__(self) -> None:
+        self.counts = _Counts.now(self.status_sink)
+
+    @property
+    def sink(self) -> Sink:
+        return self.sinks[0]
+
+    @property
+    def status_sink(self) -> Sink:
+        return self.sinks[1]
+
+    def replaced(self) -> bool:
+        return _replaced(self.generation, self.status_sink, self.run.log)
+
+    def afresh(self) -> None:
+        """Before a query starts again: an empty checkpoint, and its batches counted."""
+        shutil.rmtree(self.run.checkpoint_dir, ignore_errors=True)
+        self.status.batches_before_restart = self.status.batches
+
+
+def _prepared(
     spark: SparkSession,
     config: PipelineConfig,
-    commit: MicroBatchCommit,
-    armed: StreamingQuery | None,
     sink: Sink,
-    status_sink: Sink,
-    checkpoint_dir: Path,
-    should_stop: Callable[[], bool],
     log: Callable[[str], None],
-    on_status: Callable[[RealtimeStatus], None],
-    status_every_s: float,
-    checkpoint_interval: float | None,
-    shuffle_partitions: int | None,
-    source_reached: bool,
-    reopen: Reopen | None,
-) -> RealtimeStatus:
+    *,
+    reach: bool,
+) -> tuple[Generation, str | None, Callable[[SparkSession], DataStreamReader]]:
+    """The generation realtime goes on with (after any truncation is handled), the
+    schema its query reads in and how to make its reader. ``BacklogNotFinished`` while
+    the backlog has not reached its markers."""
     with open_source(config) as topic:
-        schema = _query_schema(spark, config, topic, reach=not source_reached)
+        schema = _query_schema(spark, config, topic, reach=reach)
         generation = current_generation(sink, topic, config, log)
         generation = handle_truncation(sink, topic, config, generation, log)
-        # A new reader each time the query (re)starts below.
-        new_stream_reader = topic.stream_reader
+        stream_reader = topic.stream_reader
     if not generation.finished and config.backlog.boundary == "markers":
         left = {
             b.bucket: b.marker - b.reached for b in generation.buckets.values() if not b.finished
@@ -389,118 +416,169 @@ def _run_realtime(
             f"pipeline {config.name}: the backlog has not reached the markers yet "
             f"(records left per bucket: {left}); run the backlog first"
         )
-    interval = checkpoint_interval or config.realtime.checkpoint_interval
-    status = RealtimeStatus()
-    counts = _Counts.now(status_sink)
-    #: Queries of this run stopped by a Python worker slow to start once they ran, or
-    #: one that died (``_python_worker_lost``).
-    worker_stops = 0
-    #: The session the streaming settings were last set on.
-    settled: SparkSession | None = None
+    return generation, schema, stream_reader
+
+
+def _run_realtime(state: _Realtime, armed: StreamingQuery | None) -> RealtimeStatus:
+    """Queries one after the other until the run stops: a query that failed starts again
+    where that is safe (``_recovered``), and a Spark Connect server that started again
+    under it is gone on from in a new session."""
     while True:
-        start = QueryStart(generation.number, _reached(generation))
-        said = f"realtime: starting at offsets {start.offsets}, micro-batches every {interval:g} s"
-        query: StreamingQuery | None = None
-        # The settings and the query's start are in the try: a server that started again
-        # before the query ran (under a standby waiting for its switch, an armed query or
-        # a query's start) is gone on from as under a running query.
-        started_on, armed_query, armed = spark, armed, None
         try:
-            if settled is not spark:
-                _apply_settings(spark, config, shuffle_partitions, log)
-                settled = spark
-            if armed_query is not None and armed_query.isActive:
-                log(f"{said} (the query armed before the switch)")
-                write_start(checkpoint_dir, start)
-                query = armed_query
-            else:
-                log(said)
-                shutil.rmtree(checkpoint_dir, ignore_errors=True)
-                write_start(checkpoint_dir, start)
-                query = _start_query(
-                    new_stream_reader(spark), config, schema, commit, interval, checkpoint_dir, log
-                )
-            next_report = time.monotonic()
-            while not should_stop():
-                if _ended(query):
-                    break
-                if not sink.keep_run_lock():
-                    raise PhaseAlreadyRunning(
-                        f"pipeline {config.name}: this realtime run lost the run lock to "
-                        f"{sink.lock_holder() or 'another run'}; stopping"
-                    )
-                if _replaced(generation, status_sink, log):
-                    break
-                if time.monotonic() >= next_report:
-                    _refresh(status, counts, query.lastProgress, config, status_sink, log)
-                    on_status(status)
-                    next_report = time.monotonic() + status_every_s
-            error = query.exception()
+            query, error = _one_query(state, armed)
         except Exception as lost:
             # The server's queries went with it: go on in a new session on the server
             # started again, from the sink's progress, as the next run would have (the
-            # old session is closed: the query's stop below does not ask for it).
-            reopened = reopened_after_restart(started_on, lost, reopen, log, "realtime")
+            # old session is closed: the query's stop did not ask for it).
+            log = state.run.log
+            reopened = reopened_after_restart(state.spark, lost, state.reopen, log, "realtime")
             if reopened is None:
                 raise
-            spark = reopened
-            held = status_sink.current_generation()
-            if held is None or _replaced(generation, status_sink, log):
-                return status
-            generation = held
-            shutil.rmtree(checkpoint_dir, ignore_errors=True)
-            status.batches_before_restart = status.batches
+            armed, state.spark = None, reopened
+            held = state.status_sink.current_generation()
+            if held is None or state.replaced():
+                return state.status
+            state.generation = held
+            state.afresh()
             continue
-        finally:
-            if query is not None:
-                _stop(query, started_on)
+        armed = None
         # A query that failed once its generation was replaced ends the run as the
         # replacement does: what failed is the new generation's runs' to do.
-        if error is None or _replaced(generation, status_sink, log):
+        if error is None or state.replaced():
             break
-        refused = refusal_in(str(error))
-        if refused is not None:
-            raise refused
-        unreachable = unreachable_in(str(error))
-        if unreachable is not None:
-            where = "the Spark Connect server" if runs_elsewhere(spark) else "this process"
-            raise SinkUnreachable(
-                f"pipeline {config.name}: the realtime commits run where Spark runs "
-                f"foreachBatch ({where}), and the sink cannot be opened there; nothing "
-                f"was committed: {unreachable}"
+        _refuse_the_unrecoverable(state, error)
+        if not _recovered(state, error):
+            break
+        state.afresh()
+    _refresh(
+        state.status,
+        state.counts,
+        query.lastProgress,
+        state.config,
+        state.status_sink,
+        state.run.log,
+    )
+    return state.status
+
+
+def _one_query(
+    state: _Realtime, armed: StreamingQuery | None
+) -> tuple[StreamingQuery, BaseException | None]:
+    """Start a query from where the generation is (or go on with the ``armed`` one) and
+    watch it until the run stops or the query ends; the query, stopped, and its error.
+    The settings and the start are in the same block: a server that started again
+    before the query ran (under a standby waiting for its switch, an armed query or a
+    query's start) is gone on from as under a running query."""
+    run, config, spark = state.run, state.config, state.spark
+    start = QueryStart(state.generation.number, _reached(state.generation))
+    interval = run.interval(config)
+    said = f"realtime: starting at offsets {start.offsets}, micro-batches every {interval:g} s"
+    query: StreamingQuery | None = None
+    try:
+        if state.settled is not spark:
+            _apply_settings(spark, config, run.shuffle_partitions, run.log)
+            state.settled = spark
+        if armed is not None and armed.isActive:
+            run.log(f"{said} (the query armed before the switch)")
+            write_start(run.checkpoint_dir, start)
+            query = armed
+        else:
+            run.log(said)
+            shutil.rmtree(run.checkpoint_dir, ignore_errors=True)
+            write_start(run.checkpoint_dir, start)
+            query = _start_query(
+                state.stream_reader(spark),
+                config,
+                state.schema,
+                state.commit,
+                interval,
+                run.checkpoint_dir,
+                run.log,
             )
-        # The query failed: where retention removed records under it, say so or skip
-        # them; where another query (of a run that died) committed under it, go on from
-        # there: start the query again from the progress the sink holds.
-        with open_source(config) as topic:
-            held = status_sink.current_generation()
-            if held is not None and moved_under(str(error)):
-                log("realtime: the sink's progress moved under the query; starting it again")
-                generation = held
-            elif held is not None and removed_unread(held, topic):
-                generation = handle_truncation(sink, topic, config, held, log)
-            elif (
-                held is not None
-                and (why := _python_worker_lost(error)) is not None
-                and worker_stops < QUERY_START_ATTEMPTS - 1
-            ):
-                # The query stopped before, between or in a commit, and goes on from the
-                # sink's progress, as the next run would.
-                worker_stops += 1
-                wait = slow_worker_wait(worker_stops)
-                log(
-                    f"realtime: the query stopped: {why}; starting it again from the "
-                    f"sink's progress in {wait:.0f} s"
-                )
-                if _stopped_within(wait, should_stop):
-                    break
-                generation = held
-            else:
-                raise RuntimeError(f"pipeline {config.name}: the realtime query failed: {error}")
-        shutil.rmtree(checkpoint_dir, ignore_errors=True)
-        status.batches_before_restart = status.batches
-    _refresh(status, counts, query.lastProgress, config, status_sink, log)
-    return status
+        _watch(state, query)
+        return query, query.exception()
+    finally:
+        if query is not None:
+            _stop(query, spark)
+
+
+def _watch(state: _Realtime, query: StreamingQuery) -> None:
+    """Until the run stops, the query ends or the generation is replaced: report the
+    status every ``status_every_s``; ``PhaseAlreadyRunning`` once the run lock is lost."""
+    run, sink = state.run, state.sink
+    next_report = time.monotonic()
+    while not run.should_stop():
+        if _ended(query):
+            return
+        if not sink.keep_run_lock():
+            raise PhaseAlreadyRunning(
+                f"pipeline {state.config.name}: this realtime run lost the run lock to "
+                f"{sink.lock_holder() or 'another run'}; stopping"
+            )
+        if state.replaced():
+            return
+        if time.monotonic() >= next_report:
+            _refresh(
+                state.status,
+                state.counts,
+                query.lastProgress,
+                state.config,
+                state.status_sink,
+                run.log,
+            )
+            run.on_status(state.status)
+            next_report = time.monotonic() + run.status_every_s
+
+
+def _refuse_the_unrecoverable(state: _Realtime, error: BaseException) -> None:
+    """A commit refused (a replay, a changed definition) or a sink its commits cannot
+    open: the run fails saying so."""
+    refused = refusal_in(str(error))
+    if refused is not None:
+        raise refused
+    unreachable = unreachable_in(str(error))
+    if unreachable is not None:
+        where = "the Spark Connect server" if runs_elsewhere(state.spark) else "this process"
+        raise SinkUnreachable(
+            f"pipeline {state.config.name}: the realtime commits run where Spark runs "
+            f"foreachBatch ({where}), and the sink cannot be opened there; nothing "
+            f"was committed: {unreachable}"
+        )
+
+
+def _recovered(state: _Realtime, error: BaseException) -> bool:
+    """Where the query can start again after ``error``, the generation it starts from:
+    where retention removed records under it, say so or skip them; where another query
+    (of a run that died) committed under it, or a Python worker died under it, go on from
+    the sink's progress. False when the run was stopped meanwhile; any other error fails
+    the run."""
+    config, log = state.config, state.run.log
+    with open_source(config) as topic:
+        held = state.status_sink.current_generation()
+        if held is not None and moved_under(str(error)):
+            log("realtime: the sink's progress moved under the query; starting it again")
+            state.generation = held
+        elif held is not None and removed_unread(held, topic):
+            state.generation = handle_truncation(state.sink, topic, config, held, log)
+        elif (
+            held is not None
+            and (why := _python_worker_lost(error)) is not None
+            and state.worker_stops < QUERY_START_ATTEMPTS - 1
+        ):
+            # The query stopped before, between or in a commit, and goes on from the
+            # sink's progress, as the next run would.
+            state.worker_stops += 1
+            pause = slow_worker_wait(state.worker_stops)
+            log(
+                f"realtime: the query stopped: {why}; starting it again from the "
+                f"sink's progress in {pause:.0f} s"
+            )
+            if _stopped_within(pause, state.run.should_stop):
+                return False
+            state.generation = held
+        else:
+            raise RuntimeError(f"pipeline {config.name}: the realtime query failed: {error}")
+    return True
 
 
 def _stop(query: StreamingQuery, started_on: SparkSession) -> None:

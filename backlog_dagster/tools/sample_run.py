@@ -134,7 +134,7 @@ def _append_live(topic: Path, rate: int, first_order_id: int, stop: threading.Ev
 def _realtime(spark: SparkSession, config: PipelineConfig, folder: Path, seconds: float) -> int:
     """The pipeline's realtime query for ``seconds`` from its first micro-batch (a query
     takes seconds to start); its micro-batches."""
-    from backlog_dagster.phases.realtime import RealtimeStatus, run_realtime
+    from backlog_dagster.phases.realtime import RealtimeRun, RealtimeStatus, run_realtime
     from backlog_dagster.sink import open_sink
 
     first_batch: list[float] = []
@@ -154,11 +154,13 @@ def _realtime(spark: SparkSession, config: PipelineConfig, folder: Path, seconds
             config,
             sink,
             status_sink,
-            checkpoint_dir=folder / f"checkpoint-{config.name}",
-            should_stop=done,
-            log=lambda _: None,
-            on_status=note,
-            status_every_s=0.5,
+            RealtimeRun(
+                checkpoint_dir=folder / f"checkpoint-{config.name}",
+                should_stop=done,
+                log=lambda _: None,
+                on_status=note,
+                status_every_s=0.5,
+            ),
         )
     return status.batches
 
