@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +23,10 @@ from backlog_dagster.spark.session import stopping_reopened
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from backlog_dagster.phases.progress import BacklogProgress
+    from backlog_dagster.sink import Generation, PhaseChange
+    from backlog_dagster.source import Source
 
 console = Console(stderr=True)
 defs_file = click.argument(
@@ -91,8 +96,6 @@ def backlog(defs_yaml: Path, checkpoint_interval: float | None) -> None:
 def status(defs_yaml: Path) -> None:
     """Where the pipeline is (the backlog's progress and ETA, or the realtime lag), its
     markers, per-bucket progress, watermark lag and phase history."""
-    import time
-
     from backlog_dagster.phases.lag import watermark_lag
     from backlog_dagster.phases.progress import (
         backlog_progress,
@@ -116,24 +119,8 @@ def status(defs_yaml: Path) -> None:
         console.print(f"{config.name}: not started (no markers yet)")
         return
     progress = backlog_progress(generation, run, config)
-    done = {b.bucket: f"{b.percent:.0f} %" for b in progress.buckets}
-    table = Table(
-        title=f"{config.name}: {history[-1].phase}, generation {generation.number} "
-        f"({generation.reason})"
-    )
-    for column in ("bucket", "start", "marker", "reached", "done", "reading from"):
-        table.add_column(column, justify="right")
     with open_source(config) as topic:
-        for b in generation.buckets.values():
-            table.add_row(
-                str(b.bucket),
-                f"{b.start:,}",
-                f"{b.marker:,}",
-                f"{b.reached:,}",
-                done[b.bucket],
-                topic.held_by(b.bucket, b.reached) if b.reached < b.marker else "",
-            )
-        Console().print(table)
+        Console().print(_bucket_table(config, generation, history[-1].phase, progress, topic))
         lag = watermark_lag(generation, topic, config, now)
         where = progress.describe()
         if history[-1].phase == "realtime":
@@ -150,6 +137,36 @@ def status(defs_yaml: Path) -> None:
         f"bad records: {bad:,} (in table {dead_letters}); records skipped because retention "
         f"removed them unread: {skipped:,}"
     )
+    Console().print(_history_table(history))
+
+
+def _bucket_table(
+    config: PipelineConfig,
+    generation: Generation,
+    phase: str,
+    progress: BacklogProgress,
+    topic: Source,
+) -> Table:
+    """Per bucket: its range, how far it is, and where its next records are held."""
+    done = {b.bucket: f"{b.percent:.0f} %" for b in progress.buckets}
+    table = Table(
+        title=f"{config.name}: {phase}, generation {generation.number} ({generation.reason})"
+    )
+    for column in ("bucket", "start", "marker", "reached", "done", "reading from"):
+        table.add_column(column, justify="right")
+    for b in generation.buckets.values():
+        table.add_row(
+            str(b.bucket),
+            f"{b.start:,}",
+            f"{b.marker:,}",
+            f"{b.reached:,}",
+            done[b.bucket],
+            topic.held_by(b.bucket, b.reached) if b.reached < b.marker else "",
+        )
+    return table
+
+
+def _history_table(history: list[PhaseChange]) -> Table:
     changes = Table(title="phase history")
     for column in ("generation", "phase", "changed at (UTC)", "watermark lag (s)", "cause"):
         changes.add_column(column)
@@ -161,7 +178,7 @@ def status(defs_yaml: Path) -> None:
             "" if change.lag_s is None else f"{change.lag_s:,.1f}",
             change.cause,
         )
-    Console().print(changes)
+    return changes
 
 
 @pipeline_group.command("reset")
@@ -191,7 +208,6 @@ def realtime(defs_yaml: Path, seconds: float | None) -> None:
     """Run the realtime phase from where the sink's progress stands, until stopped."""
     import signal
     import tempfile
-    import time
 
     from backlog_dagster.phases.realtime import RealtimeRun, run_realtime
 

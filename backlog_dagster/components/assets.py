@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
     from backlog_dagster.phases.backlog import BacklogReport
     from backlog_dagster.phases.realtime import ArmedQuery
+    from backlog_dagster.spark.session import Reopen
 
 
 class BacklogRunConfig(dg.Config):
@@ -287,7 +288,6 @@ def backlog_step(
 ) -> dg.MaterializeResult:
     """The backlog phase of one run: up to the markers, in committed chunks; then, when
     the switch is due and the run goes on as realtime, the hand-over to its realtime step."""
-    from backlog_dagster.components.observations import backlog_finished_metadata
     from backlog_dagster.phases.backlog import run_backlog
 
     run_id = context.run.run_id
@@ -328,20 +328,29 @@ def backlog_step(
                 run_id=run_id,
                 reopen=reopen,
             )
-            in_table = sink.dead_letter_count()
-            finished = backlog_finished_metadata(
-                sink, report.generation, report.rows_read, report.seconds
-            )
+            metadata = _backlog_metadata(pipeline, sink, report)
             if armed is not None:
                 _go_on_as_realtime(
                     context, pipeline, sink, spark, report.spark_settings, armed, armed_query
                 )
-    metadata = finished | report_metadata(report)
-    metadata["dead_letters_in_table"] = dg.MetadataValue.int(in_table)
+    return dg.MaterializeResult(metadata=metadata)
+
+
+def _backlog_metadata(
+    pipeline: PipelineConfig, sink: Sink, report: "BacklogReport"
+) -> dict[str, dg.MetadataValue]:
+    """The finished backlog's materialization: where the pipeline is, the run's report,
+    and the dead letters the sink holds."""
+    from backlog_dagster.components.observations import backlog_finished_metadata
+
+    metadata = backlog_finished_metadata(
+        sink, report.generation, report.rows_read, report.seconds
+    ) | report_metadata(report)
+    metadata["dead_letters_in_table"] = dg.MetadataValue.int(sink.dead_letter_count())
     metadata["dead_letter_table"] = dg.MetadataValue.text(
         f"{pipeline.sink.describe()}_dead_letters"
     )
-    return dg.MaterializeResult(metadata=metadata)
+    return metadata
 
 
 def goes_on_as_realtime(context: dg.AssetExecutionContext, pipeline: PipelineConfig) -> bool:
@@ -496,13 +505,6 @@ def realtime_step(
     """The realtime phase of one run (a standby first, if it is one), until cancelled."""
     import shutil
 
-    from backlog_dagster.components.observations import (
-        realtime_ended_metadata,
-        realtime_reporter,
-    )
-    from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG
-    from backlog_dagster.phases.realtime import RealtimeRun, armed_realtime, run_realtime
-    from backlog_dagster.phases.standby import await_switch, warm_up
     from backlog_dagster.spark.session import stopping_reopened
 
     run_id = context.run.run_id
@@ -513,7 +515,6 @@ def realtime_step(
             "was not due when its backlog ended); nothing materialized"
         )
         return
-    checkpoint = realtime_checkpoint(pipeline, run_id)
     try:
         with (
             cancel_said_plainly(context.log.info, "realtime"),
@@ -527,68 +528,105 @@ def realtime_step(
             ) as reopen,
             ExitStack() as standby,
         ):
-            run_pipeline = with_run_settings(pipeline, config)
-            armed = None
             if handed is not None:
-                armed = handed.armed
                 standby.enter_context(handed.stop_armed)
-            if config.standby_for_generation is not None:
-                warm_up(spark, pipeline, status_sink)
-                armed = standby.enter_context(
-                    armed_realtime(
-                        spark,
-                        run_pipeline,
-                        RealtimeRun(
-                            checkpoint_dir=checkpoint,
-                            log=context.log.info,
-                            checkpoint_interval=config.checkpoint_interval,
-                            shuffle_partitions=config.shuffle_partitions,
-                        ),
-                        run_id=context.run.run_id,
-                    )
-                )
-                if not await_switch(
-                    pipeline,
-                    status_sink,
-                    config.standby_for_generation,
-                    should_stop=lambda: False,
-                    log=context.log.info,
-                ):
-                    context.log.info(
-                        f"standby: generation {config.standby_for_generation} was "
-                        "replaced before the switch; ending unused, nothing materialized"
-                    )
-                    return
-                # From here on it is the realtime run, and its tags say so.
-                context.instance.add_run_tags(
-                    context.run.run_id, {STANDBY_TAG: "false", STARTED_AS_TAG: "standby"}
-                )
-
-            report = realtime_reporter(
-                context.asset_key, status_sink, pipeline.switch.report_every, context.log_event
+            ended = _realtime_until_cancelled(
+                context, pipeline, config, spark, (sink, status_sink), handed, reopen, standby
             )
-            status = run_realtime(
-                spark,
-                run_pipeline,
-                sink,
-                status_sink,
-                RealtimeRun(
-                    checkpoint_dir=checkpoint,
-                    should_stop=lambda: False,
-                    log=context.log.info,
-                    on_status=report,
-                    status_every_s=pipeline.switch.status_every,
-                    checkpoint_interval=config.checkpoint_interval,
-                    shuffle_partitions=config.shuffle_partitions,
-                ),
-                armed=armed,
-                source_reached=handed is not None,
-                reopen=reopen,
-            )
-            ended = realtime_ended_metadata(status, status_sink)
-        yield dg.MaterializeResult(metadata=ended)
+        if ended is not None:
+            yield dg.MaterializeResult(metadata=ended)
     finally:
-        shutil.rmtree(checkpoint, ignore_errors=True)
+        shutil.rmtree(realtime_checkpoint(pipeline, run_id), ignore_errors=True)
+
+
+def _realtime_until_cancelled(
+    context: dg.AssetExecutionContext,
+    pipeline: PipelineConfig,
+    config: RealtimeRunConfig,
+    spark: "SparkSession",
+    sinks: tuple[Sink, Sink],
+    handed: HandedOver | None,
+    reopen: "Reopen | None",
+    standby: ExitStack,
+) -> dict[str, Any] | None:
+    """The realtime run's query (the one ``handed`` over, a standby's armed one, or a new
+    one), reported on as it goes; its end's metadata, or None for a standby that ended
+    unused."""
+    from backlog_dagster.components.observations import (
+        realtime_ended_metadata,
+        realtime_reporter,
+    )
+    from backlog_dagster.phases.realtime import RealtimeRun, run_realtime
+
+    sink, status_sink = sinks
+    armed = None if handed is None else handed.armed
+    if config.standby_for_generation is not None:
+        armed = _standby_until_switch(context, pipeline, config, spark, status_sink, standby)
+        if armed is None:
+            return None
+    run = RealtimeRun(
+        checkpoint_dir=realtime_checkpoint(pipeline, context.run.run_id),
+        log=context.log.info,
+        on_status=realtime_reporter(
+            context.asset_key, status_sink, pipeline.switch.report_every, context.log_event
+        ),
+        status_every_s=pipeline.switch.status_every,
+        checkpoint_interval=config.checkpoint_interval,
+        shuffle_partitions=config.shuffle_partitions,
+    )
+    status = run_realtime(
+        spark,
+        with_run_settings(pipeline, config),
+        sink,
+        status_sink,
+        run,
+        armed=armed,
+        source_reached=handed is not None,
+        reopen=reopen,
+    )
+    return realtime_ended_metadata(status, status_sink)
+
+
+def _standby_until_switch(
+    context: dg.AssetExecutionContext,
+    pipeline: PipelineConfig,
+    config: RealtimeRunConfig,
+    spark: "SparkSession",
+    status_sink: Sink,
+    stack: ExitStack,
+) -> "ArmedQuery | None":
+    """A standby's wait: Spark warmed up and the query armed (stopped when ``stack``
+    closes), until its generation's switch; the armed query, or None when the generation
+    was replaced first (the run ends unused)."""
+    from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG
+    from backlog_dagster.phases.realtime import RealtimeRun, armed_realtime
+    from backlog_dagster.phases.standby import await_switch, warm_up
+
+    number = config.standby_for_generation
+    assert number is not None
+    warm_up(spark, pipeline, status_sink)
+    run = RealtimeRun(
+        checkpoint_dir=realtime_checkpoint(pipeline, context.run.run_id),
+        log=context.log.info,
+        checkpoint_interval=config.checkpoint_interval,
+        shuffle_partitions=config.shuffle_partitions,
+    )
+    armed = stack.enter_context(
+        armed_realtime(spark, with_run_settings(pipeline, config), run, run_id=context.run.run_id)
+    )
+    if not await_switch(
+        pipeline, status_sink, number, should_stop=lambda: False, log=context.log.info
+    ):
+        context.log.info(
+            f"standby: generation {number} was replaced before the switch; ending unused, "
+            "nothing materialized"
+        )
+        return None
+    # From here on it is the realtime run, and its tags say so.
+    context.instance.add_run_tags(
+        context.run.run_id, {STANDBY_TAG: "false", STARTED_AS_TAG: "standby"}
+    )
+    return armed
 
 
 def keeps_up_check(

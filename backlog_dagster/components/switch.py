@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
@@ -148,6 +149,17 @@ def realtime_run_config(config: PipelineConfig, standby_for: int | None = None) 
     return {"ops": {f"{config.name}_realtime": {"config": run_config}}}
 
 
+@dataclass(frozen=True)
+class _Switch:
+    """What a pipeline's switch sensor works with on every tick."""
+
+    config: PipelineConfig
+    #: Each phase's job, the run config it launches it with, and its asset.
+    job_of: dict[str, str]
+    run_config_of: dict[str, dict[str, Any]]
+    asset_of: dict[str, dg.AssetKey]
+
+
 def switch_sensor(
     config: PipelineConfig,
     jobs: list[dg.UnresolvedAssetJobDefinition],
@@ -156,9 +168,12 @@ def switch_sensor(
     """The pipeline's switch sensor, launching ``jobs`` and reporting on the assets
     ``asset_of`` each phase (else ``<name>_backlog`` and ``<name>_realtime``)."""
     name = config.name
-    job_of = job_names(config)
-    run_config_of = {"backlog": backlog_run_config(config), "realtime": realtime_run_config(config)}
-    asset_of = dict(asset_of or {p: dg.AssetKey(f"{name}_{p}") for p in ("backlog", "realtime")})
+    switch_of = _Switch(
+        config,
+        job_names(config),
+        {"backlog": backlog_run_config(config), "realtime": realtime_run_config(config)},
+        dict(asset_of or {p: dg.AssetKey(f"{name}_{p}") for p in ("backlog", "realtime")}),
+    )
 
     @dg.sensor(
         name=f"{name}_switch",
@@ -171,71 +186,102 @@ def switch_sensor(
         "and keeps one run of that phase going.",
     )
     def switch(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        cursor = json.loads(context.cursor or "{}")
-        events: list[dg.AssetObservation | dg.AssetCheckEvaluation] = []
-        now = time.time()
-        last = _last_runs(context, job_of)
-        died: set[str] = set()
-        with open_sink(config) as sink:
-            for phase, run in last.items():
-                if run is not None and _silent(context, sink, run, config):
-                    died.add(phase)
-                    _end_silent_run(context, run, phase, config)
-                    last[phase] = context.instance.get_run_by_id(run.run_id)
-            generation, misfit = _markers(context, config, sink)
-            if misfit:
-                return dg.SensorResult(
-                    cursor=json.dumps(cursor), skip_reason=f"no markers taken: {misfit}"
-                )
-            where = "no markers yet"
-            standby_due = False
-            if generation is not None:
-                cursor = _for_generation(cursor, generation.number)
-                once: list[dg.AssetObservation | dg.AssetCheckEvaluation] = []
-                once += _finish_events(generation, cursor, asset_of["backlog"])
-                paused = _cancelled_by_user(context, last["realtime"])
-                generation, lag = _decide(
-                    context, config, sink, generation, cursor, now, paused, last
-                )
-                cursor = _for_generation(cursor, generation.number)
-                history = sink.phase_history()
-                once += _phase_events(history, cursor, asset_of, config, now)
-                events += _not_stored_yet(context.instance, once)
-                where, reports = _where(
-                    config, sink, generation, lag, history, cursor, now, asset_of
-                )
-                events += reports
-                standby_due = _standby_due(config, sink, generation, now)
-            phase = sink.phase()
-            number = 0 if generation is None else generation.number
-        _end_standby_of_failing_backlog(context, config, number, last)
-        request, skip = _run_request(
-            context,
-            config,
-            cursor,
-            phase,
-            number,
-            generation is not None and generation.finished,
-            last,
-            died,
-            job_of,
-            run_config_of,
-        )
-        requests = [] if request is None else [request]
-        standby = _standby_request(context, config, phase, number, last, request, standby_due)
-        if standby is not None:
-            requests.append(standby)
-        # Where the pipeline is comes first in the cursor, which the sensor's page shows,
-        # and in every tick's reason.
-        cursor = {"where": where, **{k: v for k, v in cursor.items() if k != "where"}}
-        return dg.SensorResult(
-            run_requests=requests,
-            asset_events=events,
-            cursor=json.dumps(cursor),
-            skip_reason=None if requests else f"{where}; {skip}" if skip else where,
-        )
+        return _tick(context, switch_of)
 
     return switch
+
+
+@dataclass
+class _Seen:
+    """What a tick found: the generation (after the decision), the cursor, where the
+    pipeline is, the events to report, and whether a standby is due."""
+
+    generation: Generation | None
+    cursor: dict[str, Any]
+    where: str = "no markers yet"
+    events: list[dg.AssetObservation | dg.AssetCheckEvaluation] = field(default_factory=list)
+    standby_due: bool = False
+
+
+def _tick(context: dg.SensorEvaluationContext, switch: _Switch) -> dg.SensorResult:
+    """One tick: end runs that went silent, take markers, decide the phase, report where
+    the pipeline is, and request the run (and standby) the phase needs."""
+    config = switch.config
+    cursor = json.loads(context.cursor or "{}")
+    now = time.time()
+    last = _last_runs(context, switch.job_of)
+    with open_sink(config) as sink:
+        died = _end_silent_runs(context, config, sink, last)
+        generation, misfit = _markers(context, config, sink)
+        if misfit:
+            return dg.SensorResult(
+                cursor=json.dumps(cursor), skip_reason=f"no markers taken: {misfit}"
+            )
+        seen = _Seen(generation, cursor)
+        if generation is not None:
+            seen = _look(context, switch, sink, generation, cursor, now, last)
+        phase = sink.phase()
+    number = 0 if seen.generation is None else seen.generation.number
+    _end_standby_of_failing_backlog(context, config, number, last)
+    finished = seen.generation is not None and seen.generation.finished
+    request, skip = _run_request(
+        context, switch, seen.cursor, (phase, number, finished), last, died
+    )
+    requests = [] if request is None else [request]
+    standby = _standby_request(context, config, phase, number, last, request, seen.standby_due)
+    if standby is not None:
+        requests.append(standby)
+    # Where the pipeline is comes first in the cursor, which the sensor's page shows,
+    # and in every tick's reason.
+    cursor = {"where": seen.where, **{k: v for k, v in seen.cursor.items() if k != "where"}}
+    where = seen.where
+    return dg.SensorResult(
+        run_requests=requests,
+        asset_events=seen.events,
+        cursor=json.dumps(cursor),
+        skip_reason=None if requests else f"{where}; {skip}" if skip else where,
+    )
+
+
+def _end_silent_runs(
+    context: dg.SensorEvaluationContext,
+    config: PipelineConfig,
+    sink: Sink,
+    last: dict[str, dg.DagsterRun | None],
+) -> set[str]:
+    """End each phase's run that stopped beating (``_silent``); the phases whose run died."""
+    died: set[str] = set()
+    for phase, run in last.items():
+        if run is not None and _silent(context, sink, run, config):
+            died.add(phase)
+            _end_silent_run(context, run, phase, config)
+            last[phase] = context.instance.get_run_by_id(run.run_id)
+    return died
+
+
+def _look(
+    context: dg.SensorEvaluationContext,
+    switch: _Switch,
+    sink: Sink,
+    generation: Generation,
+    cursor: dict[str, Any],
+    now: float,
+    last: dict[str, dg.DagsterRun | None],
+) -> _Seen:
+    """Decide the phase of ``generation`` and what the tick reports on it."""
+    config, asset_of = switch.config, switch.asset_of
+    cursor = _for_generation(cursor, generation.number)
+    once: list[dg.AssetObservation | dg.AssetCheckEvaluation] = []
+    once += _finish_events(generation, cursor, asset_of["backlog"])
+    paused = _cancelled_by_user(context, last["realtime"])
+    generation, lag = _decide(context, config, sink, generation, cursor, now, paused, last)
+    cursor = _for_generation(cursor, generation.number)
+    history = sink.phase_history()
+    once += _phase_events(history, cursor, asset_of, config, now)
+    events = _not_stored_yet(context.instance, once)
+    where, reports = _where(config, sink, generation, lag, history, cursor, now, asset_of)
+    standby_due = _standby_due(config, sink, generation, now)
+    return _Seen(generation, cursor, where, events + reports, standby_due)
 
 
 def _markers(
@@ -610,17 +656,16 @@ def _where(
 
 def _run_request(
     context: dg.SensorEvaluationContext,
-    config: PipelineConfig,
+    switch: _Switch,
     cursor: dict[str, Any],
-    phase: str,
-    number: int,
-    markers_reached: bool,
+    state: tuple[str, int, bool],
     last: dict[str, dg.DagsterRun | None],
     died: set[str],
-    job_of: dict[str, str],
-    run_config_of: dict[str, dict[str, Any]],
 ) -> tuple[dg.RunRequest | None, str]:
-    """The run request that keeps one run of ``phase`` going, or why there is none."""
+    """The run request that keeps one run of the phase going, or why there is none.
+    ``state``: the phase, the generation's number and whether its markers are reached."""
+    phase, number, markers_reached = state
+    config = switch.config
     other = "realtime" if phase == "backlog" else "backlog"
     previous, before = last[phase], last[other]
     if before is not None and before.status in ACTIVE and not _standby_of(before, number):
@@ -661,8 +706,8 @@ def _run_request(
     return (
         dg.RunRequest(
             run_key=f"{config.name}-{phase}-g{number}-a{attempt}",
-            job_name=job_of[phase],
-            run_config=run_config_of[phase],
+            job_name=switch.job_of[phase],
+            run_config=switch.run_config_of[phase],
             tags={PHASE_TAG: phase, "backlog_dagster/generation": str(number)},
         ),
         "",

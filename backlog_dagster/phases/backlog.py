@@ -256,53 +256,16 @@ def publishing_progress(
     ``switch.status_every``, from a thread with a sink connection of its own: the
     records of the chunk under way are estimated from Spark's finished read tasks, so
     a backlog committed in one chunk shows progress too."""
-    #: (time, records held by the source): the arrival rate over the last half minute.
-    held: deque[tuple[float, int]] = deque()
-    #: The chunk last estimated, and the most of its read tasks seen done: between the
-    #: Spark jobs of one chunk no job is active, and its estimate must not go back.
-    estimated: tuple[object, float] = (None, 0.0)
-
-    def publish(sink: Sink, topic: Source, tasks_done: TasksDone) -> None:
-        nonlocal estimated
-        now = time.time()
-        held.append((now, sum(topic.latest_offsets().values())))
-        while len(held) > 2 and now - held[1][0] >= 30:
-            held.popleft()
-        (first_at, first), (last_at, last) = held[0], held[-1]
-        arrival = (last - first) / (last_at - first_at) if last_at > first_at else 0.0
-        # One read each: the run replaces them whole.
-        chunk, read_to, rows_read = report.chunk, dict(report.read_to), report.rows_read
-        if chunk is not None:
-            share = max(estimated[1] if estimated[0] is chunk else 0.0, tasks_done() or 0.0)
-            estimated = (chunk, share)
-            start, end = chunk
-            under_way = {b: int((end[b] - low) * share) for b, low in start.items()}
-            read_to |= {b: start[b] + n for b, n in under_way.items()}
-            rows_read += sum(under_way.values())
-        progress = RunProgress(
-            run_id=run_id,
-            generation=report.generation,
-            started_at=report.reading_since or now,
-            at=now,
-            records_read=rows_read,
-            read_to=read_to,
-            arrival_per_s=max(0.0, arrival),
-            chunk_rate=(
-                chunk_rate(timings)
-                if (timings := report.job_timings)
-                else report.previous_chunk_rate
-            ),
-        )
-        sink.publish_progress(run_id, progress.to_json())
-
     with watching_tasks(spark) as tasks_done:
 
         def keep_publishing(stop: threading.Event) -> None:
+            estimate = _Estimate(report, tasks_done)
             with open_sink(config) as sink, open_source(config) as topic:
 
                 def publish_for_show() -> None:
                     try:
-                        publish(sink, topic, tasks_done)
+                        progress = estimate.progress(run_id, topic)
+                        sink.publish_progress(run_id, progress.to_json())
                     except Exception as error:  # progress is for show: never fail the run
                         log(f"backlog: progress not published: {error}")
 
@@ -314,6 +277,62 @@ def publishing_progress(
 
         with in_background("backlog-progress", keep_publishing):
             yield
+
+
+@dataclass
+class _Estimate:
+    """A backlog run's progress as it goes: what it committed and read, the share of the
+    chunk under way its finished read tasks say, and how fast records arrive."""
+
+    report: BacklogReport
+    tasks_done: TasksDone
+    #: (time, records held by the source): the arrival rate over the last half minute.
+    held: deque[tuple[float, int]] = field(default_factory=deque)
+    #: The chunk last estimated, and the most of its read tasks seen done: between the
+    #: Spark jobs of one chunk no job is active, and its estimate must not go back.
+    estimated: tuple[object, float] = (None, 0.0)
+
+    def progress(self, run_id: str, topic: Source) -> RunProgress:
+        now, report = time.time(), self.report
+        read_to, rows_read = self._read_so_far()
+        return RunProgress(
+            run_id=run_id,
+            generation=report.generation,
+            started_at=report.reading_since or now,
+            at=now,
+            records_read=rows_read,
+            read_to=read_to,
+            arrival_per_s=self._arrival_per_s(now, sum(topic.latest_offsets().values())),
+            chunk_rate=(
+                chunk_rate(timings)
+                if (timings := report.job_timings)
+                else report.previous_chunk_rate
+            ),
+        )
+
+    def _arrival_per_s(self, now: float, held_now: int) -> float:
+        held = self.held
+        held.append((now, held_now))
+        while len(held) > 2 and now - held[1][0] >= 30:
+            held.popleft()
+        (first_at, first), (last_at, last) = held[0], held[-1]
+        return max(0.0, (last - first) / (last_at - first_at) if last_at > first_at else 0.0)
+
+    def _read_so_far(self) -> tuple[dict[int, int], int]:
+        """Per bucket how far the run read, and how many records, with the chunk under
+        way counted by its share of read tasks done."""
+        # One read each: the run replaces them whole.
+        report = self.report
+        chunk, read_to, rows_read = report.chunk, dict(report.read_to), report.rows_read
+        if chunk is not None:
+            done = self.tasks_done() or 0.0
+            share = max(self.estimated[1] if self.estimated[0] is chunk else 0.0, done)
+            self.estimated = (chunk, share)
+            start, end = chunk
+            under_way = {b: int((end[b] - low) * share) for b, low in start.items()}
+            read_to |= {b: start[b] + n for b, n in under_way.items()}
+            rows_read += sum(under_way.values())
+        return read_to, rows_read
 
 
 def _read_to_markers(

@@ -181,7 +181,10 @@ class MicroBatchCommit:
         read = time.monotonic()
         try:
             self._commit(
-                sink, held, watched, as_arrow, schema.names, batch_id, start, end, (started, read)
+                sink,
+                held,
+                watched,
+                _Read(batch_id, start, end, schema.names, as_arrow, started, read),
             )
         finally:
             if kept:
@@ -206,19 +209,18 @@ class MicroBatchCommit:
         sink: Sink,
         held: Generation,
         watched: tuple[DataFrame, Callable[[], dict[int, BucketSeen] | None]],
-        as_arrow: pa.Table | None,
-        columns: list[str],
-        batch_id: int,
-        start: dict[int, int],
-        end: dict[int, int],
-        since: tuple[float, float],
+        batch: _Read,
     ) -> None:
-        config = self.config
+        config, start, end = self.config, batch.start, batch.end
         records, seen = watched
-        on_time, late, late_windows = _split_late(records, config, held, as_arrow, self.read_limit)
+        on_time, late, late_windows = _split_late(
+            records, config, held, batch.as_arrow, self.read_limit
+        )
         reference = _reference_for(config, sink)
         prepared = time.monotonic()
-        aggregated = collect(partial_results(on_time, config, late_windows, reference, columns))
+        aggregated = collect(
+            partial_results(on_time, config, late_windows, reference, batch.columns)
+        )
         aggregated_at = time.monotonic()
         try:
             refuse_bad_records(config, aggregated.dead_letters)
@@ -250,27 +252,44 @@ class MicroBatchCommit:
             return
         except ProgressConflict as conflict:
             raise RuntimeError(f"{MOVED}{conflict}") from None
-        started, read_at = since
         timings = MicroBatchTimings(
-            batch_id,
+            batch.batch_id,
             sum(end[b] - begins[b] for b in moved),
-            read_at - started,
-            prepared - read_at,
+            batch.read_at - batch.started,
+            prepared - batch.read_at,
             aggregated_at - prepared,
             time.monotonic() - aggregated_at,
         )
-        timings_log.debug(
-            "%s micro-batch %d: %d records; read here %.3f s, prepare %.3f s, aggregate "
-            "%.3f s, sink commit %.3f s",
-            config.name,
-            batch_id,
-            timings.records,
-            timings.read_s,
-            timings.prepare_s,
-            timings.aggregate_s,
-            timings.sink_commit_s,
-            extra={"micro_batch": timings},
-        )
+        _log_timings(config.name, timings)
+
+
+@dataclass(frozen=True)
+class _Read:
+    """A micro-batch as it was read: its id, offsets and columns (and the records as
+    Arrow, when read here), and when its reading began and ended (monotonic s)."""
+
+    batch_id: int
+    start: dict[int, int]
+    end: dict[int, int]
+    columns: list[str]
+    as_arrow: pa.Table | None
+    started: float
+    read_at: float
+
+
+def _log_timings(pipeline: str, timings: MicroBatchTimings) -> None:
+    timings_log.debug(
+        "%s micro-batch %d: %d records; read here %.3f s, prepare %.3f s, aggregate "
+        "%.3f s, sink commit %.3f s",
+        pipeline,
+        timings.batch_id,
+        timings.records,
+        timings.read_s,
+        timings.prepare_s,
+        timings.aggregate_s,
+        timings.sink_commit_s,
+        extra={"micro_batch": timings},
+    )
 
 
 #: A micro-batch of up to this many records is read where its commit runs

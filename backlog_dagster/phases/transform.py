@@ -122,80 +122,97 @@ def source_problems(config: PipelineConfig, topic: Source) -> list[Problem]:
         source = source_schema(config, topic)
     except TransformError as error:
         return list(error.problems)
-    transform = config.transform
-    columns = ", ".join(source.names)
-    event_time = config.source.event_time
-    needs = " (a window needs it)" if transform.window is not None else ""
-    problems: list[Problem] = []
-    if event_time not in source.names:
-        problems.append(
-            Problem(
-                "source.event_time",
-                f"{event_time!r} is not a column of the source{needs}; its columns: {columns}",
-            )
-        )
-    elif not pa.types.is_timestamp(source.field(event_time).type):
-        problems.append(
-            Problem(
-                "source.event_time",
-                f"{event_time!r} is {type_name(source.field(event_time).type)}, not a "
-                f"TIMESTAMP{needs}; name a TIMESTAMP column or derive one under "
-                "transform.columns",
-            )
-        )
-    of_what, listed = "the source", "the source's columns"
-    if transform.function is not None:
+    problems = _event_time_problems(config, source)
+    columns = _Columns(source, "the source", "the source's columns")
+    function = config.transform.function
+    if function is not None:
         if problems:  # the function is checked to keep a sound event time
             return problems
         try:
             source = _function_columns(config, topic, source)
         except FunctionError as error:
             return [Problem(FUNCTION_FIELD, str(error))]
-        of_what, listed = f"what {transform.function} returns", "its columns"
+        columns = _Columns(source, f"what {function} returns", "its columns")
+    return problems + _join_problems(config, columns) + _column_problems(config, columns)
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """The columns a transform reads, and how a problem names them."""
+
+    schema: pa.Schema
+    of_what: str
+    listed: str
+
+    def missing(self, name: str, nor: str = "") -> str:
+        columns = ", ".join(self.schema.names)
+        return f"{name!r} is not a column of {self.of_what}{nor}; {self.listed}: {columns}"
+
+
+def _event_time_problems(config: PipelineConfig, source: pa.Schema) -> list[Problem]:
+    event_time = config.source.event_time
+    needs = " (a window needs it)" if config.transform.window is not None else ""
+    if event_time not in source.names:
         columns = ", ".join(source.names)
-    joined: list[str] = []
-    if transform.join is not None:
-        joined = transform.join.columns
-        for index, on in enumerate(transform.join.on):
-            if on not in source.names:
-                problems.append(
-                    Problem(
-                        f"transform.join.on.{index}",
-                        f"{on!r} is not a column of {of_what}; {listed}: {columns}",
-                    )
-                )
-        for index, added in enumerate(joined):
-            if added in source.names:
-                problems.append(
-                    Problem(
-                        f"transform.join.columns.{index}",
-                        f"{added!r} is a column of {of_what} already; join it under another "
-                        "name, or leave it out",
-                    )
-                )
-    known = set(source.names) | set(transform.columns) | set(joined)
-    for index, key in enumerate(transform.keys):
-        if key not in known:
-            problems.append(
-                Problem(
-                    f"transform.keys.{index}",
-                    f"{key!r} is not a column of {of_what} nor one of transform.columns; "
-                    f"{listed}: {columns}",
-                )
+        return [
+            Problem(
+                "source.event_time",
+                f"{event_time!r} is not a column of the source{needs}; its columns: {columns}",
             )
+        ]
+    if not pa.types.is_timestamp(source.field(event_time).type):
+        return [
+            Problem(
+                "source.event_time",
+                f"{event_time!r} is {type_name(source.field(event_time).type)}, not a "
+                f"TIMESTAMP{needs}; name a TIMESTAMP column or derive one under "
+                "transform.columns",
+            )
+        ]
+    return []
+
+
+def _join_problems(config: PipelineConfig, columns: _Columns) -> list[Problem]:
+    join = config.transform.join
+    if join is None:
+        return []
+    names = columns.schema.names
+    problems = [
+        Problem(f"transform.join.on.{index}", columns.missing(on))
+        for index, on in enumerate(join.on)
+        if on not in names
+    ]
+    problems += [
+        Problem(
+            f"transform.join.columns.{index}",
+            f"{added!r} is a column of {columns.of_what} already; join it under another "
+            "name, or leave it out",
+        )
+        for index, added in enumerate(join.columns)
+        if added in names
+    ]
+    return problems
+
+
+def _column_problems(config: PipelineConfig, columns: _Columns) -> list[Problem]:
+    """Keys and aggregated columns the source (or the user's function) does not have,
+    and numeric aggregations over columns that are not numbers."""
+    transform, source = config.transform, columns.schema
+    joined = [] if transform.join is None else transform.join.columns
+    known = set(source.names) | set(transform.columns) | set(joined)
+    nor = " nor one of transform.columns"
+    problems = [
+        Problem(f"transform.keys.{index}", columns.missing(key, nor))
+        for index, key in enumerate(transform.keys)
+        if key not in known
+    ]
     for index, aggregation in enumerate(transform.aggregations):
         column = aggregation.column
         if column is None or _spark_checks(column, config):
             continue
         where = f"transform.aggregations.{index}.column"
         if column not in source.names:
-            problems.append(
-                Problem(
-                    where,
-                    f"{column!r} is not a column of {of_what} nor one of transform.columns; "
-                    f"{listed}: {columns}",
-                )
-            )
+            problems.append(Problem(where, columns.missing(column, nor)))
         elif aggregation.function in NUMERIC_INPUT and not _is_numeric(source.field(column).type):
             problems.append(
                 Problem(where, _not_numeric(aggregation.function, column, source.field(column)))

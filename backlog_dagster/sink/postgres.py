@@ -598,45 +598,55 @@ class PostgresSink(ResultTables):
                 ):
                     return False
                 self._merge(cursor, results)
-                if late is not None and late.num_rows:
-                    self._copy(cursor, self._name(self.late_table), late.select(_LATE_COLUMNS))
-                if dead_letters is not None and dead_letters.num_rows:
-                    self._copy(
-                        cursor,
-                        self._name(self.dead_letter_table),
-                        dead_letters.select(DEAD_LETTER_COLUMNS),
-                    )
-                times = event_times or {}
-                cursor.executemany(
-                    sql.SQL(
-                        "UPDATE {} SET reached = %s, event_time_us = "
-                        "greatest(event_time_us, %s) "
-                        "WHERE pipeline = %s AND generation = %s AND bucket = %s"
-                    ).format(self._name("backlog_buckets")),
-                    [
-                        (offset, times.get(b), self.pipeline, generation, b)
-                        for b, offset in end.items()
-                    ],
-                )
-                cursor.execute(
-                    sql.SQL(
-                        "INSERT INTO {} (pipeline, generation, phase, committed_at, records, "
-                        "joined) VALUES (%s, %s, %s, %s, %s, %s)"
-                    ).format(self._name("backlog_commits")),
-                    (
-                        self.pipeline,
-                        generation,
-                        self._phase(cursor),
-                        time.time(),
-                        sum(end[b] - start.get(b, end[b]) for b in end),
-                        joined,
-                    ),
-                )
+                for table, rows, columns in (
+                    (self.late_table, late, _LATE_COLUMNS),
+                    (self.dead_letter_table, dead_letters, DEAD_LETTER_COLUMNS),
+                ):
+                    if rows is not None and rows.num_rows:
+                        self._copy(cursor, self._name(table), rows.select(columns))
+                self._moved(cursor, generation, start, end, event_times or {}, joined)
             return True
 
         # Safe to make again: a commit that landed before the connection was lost is
         # recognised by the progress it moved, and changes nothing the second time.
         return self._call(commit_once, retry=True)
+
+    def _moved(
+        self,
+        cursor: psycopg.Cursor[Any],
+        generation: int,
+        start: dict[int, int],
+        end: dict[int, int],
+        event_times: Mapping[int, int | None],
+        joined: str | None,
+    ) -> None:
+        """A commit's progress: each bucket's new offset and latest event time, and the
+        commit itself in ``backlog_commits``."""
+        cursor.executemany(
+            sql.SQL(
+                "UPDATE {} SET reached = %s, event_time_us = "
+                "greatest(event_time_us, %s) "
+                "WHERE pipeline = %s AND generation = %s AND bucket = %s"
+            ).format(self._name("backlog_buckets")),
+            [
+                (offset, event_times.get(b), self.pipeline, generation, b)
+                for b, offset in end.items()
+            ],
+        )
+        cursor.execute(
+            sql.SQL(
+                "INSERT INTO {} (pipeline, generation, phase, committed_at, records, "
+                "joined) VALUES (%s, %s, %s, %s, %s, %s)"
+            ).format(self._name("backlog_commits")),
+            (
+                self.pipeline,
+                generation,
+                self._phase(cursor),
+                time.time(),
+                sum(end[b] - start.get(b, end[b]) for b in end),
+                joined,
+            ),
+        )
 
     def _merge(self, cursor: psycopg.Cursor[Any], results: pa.Table) -> None:
         """COPY the partial results into a temporary table, then merge them in one statement.

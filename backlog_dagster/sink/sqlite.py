@@ -465,20 +465,8 @@ class SqliteSink(PipelineState, ResultTables):
             if not check_commit(self.pipeline, generation, newest, held, start, end):
                 return False
             self._merge(results)
-            if late is not None and late.num_rows:
-                columns = ("bucket", "offset", "event_time", "watermark")
-                self._db.executemany(
-                    f"INSERT INTO {_quote(self.late_table)} VALUES (?, ?, ?, ?)",
-                    zip(*(_sqlite_values(late.column(c)) for c in columns), strict=True),
-                )
-            if dead_letters is not None and dead_letters.num_rows:
-                self._db.executemany(
-                    f"INSERT INTO {_quote(self.dead_letter_table)} VALUES (?, ?, ?, ?)",
-                    zip(
-                        *(_sqlite_values(dead_letters.column(c)) for c in DEAD_LETTER_COLUMNS),
-                        strict=True,
-                    ),
-                )
+            self._insert(self.late_table, late, ("bucket", "offset", "event_time", "watermark"))
+            self._insert(self.dead_letter_table, dead_letters, DEAD_LETTER_COLUMNS)
             times = event_times or {}
             self._db.executemany(
                 "UPDATE backlog_buckets SET reached = ?, event_time_us = "
@@ -503,6 +491,16 @@ class SqliteSink(PipelineState, ResultTables):
                 ),
             )
         return True
+
+    def _insert(self, table: str, rows: pa.Table | None, columns: Sequence[str]) -> None:
+        """Append ``rows``' ``columns`` (in the table's column order) to ``table``."""
+        if rows is None or not rows.num_rows:
+            return
+        marks = ", ".join("?" for _ in columns)
+        self._db.executemany(
+            f"INSERT INTO {_quote(table)} VALUES ({marks})",
+            zip(*(_sqlite_values(rows.column(c)) for c in columns), strict=True),
+        )
 
     def _results_exist(self) -> bool:
         return (

@@ -139,16 +139,7 @@ def demo(
         shutil.rmtree(data_dir)
     data_dir = data_dir.resolve()
     topic_dir = data_dir / "example" / "orders"
-    with (
-        create_topic(
-            topic_dir, ORDERS_SCHEMA, timestamp_column=ORDERS_TIMESTAMP, buckets=buckets
-        ) as topic,
-        progress_bar() as bar,
-    ):
-        task = bar.add_task("load backlog", total=records, rate="")
-        next_id = produce_backlog(
-            topic, records, days=5, on_progress=lambda done: bar.update(task, completed=done)
-        )
+    next_id = _load_backlog(topic_dir, records, buckets)
     stop_producer = threading.Event()
     producer = threading.Thread(
         target=_produce, daemon=True, args=(topic_dir, live_rate, next_id, stop_producer)
@@ -186,6 +177,20 @@ def demo(
         stop_producer.set()
         producer.join(30)
     _summary(pipelines, lags)
+
+
+def _load_backlog(topic_dir: Path, records: int, buckets: int) -> int:
+    """The reference backlog in a new topic, with a progress bar; the next order id."""
+    with (
+        create_topic(
+            topic_dir, ORDERS_SCHEMA, timestamp_column=ORDERS_TIMESTAMP, buckets=buckets
+        ) as topic,
+        progress_bar() as bar,
+    ):
+        task = bar.add_task("load backlog", total=records, rate="")
+        return produce_backlog(
+            topic, records, days=5, on_progress=lambda done: bar.update(task, completed=done)
+        )
 
 
 def _on_postgres(conninfo: str, home: Path) -> Edit:
