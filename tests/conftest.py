@@ -49,6 +49,7 @@ UNIT_MODULES = (
     "tests/test_pacing.py",
     "tests/test_pipeline_config.py",
     "tests/test_policy.py",
+    "tests/test_scheduler.py",
     "tests/test_progress.py",
     "tests/test_sink_contract.py",
     "tests/test_source_contract.py",
@@ -75,8 +76,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     `make test` runs two workers, so both modules go to the first, one after the other.
     Measured on two cores: two workers 1,060 s; three (the two sessions at once) 1,127 s,
     the sessions each taking half as long again (load average 15); four, 869 s but with
-    runs failing under the load. (Its ``xdist_group`` mark would say so, but does not
-    group under pytest 9.)"""
+    runs failing under the load. xdist's own ``--dist loadgroup`` would say so with
+    ``xdist_group`` marks, but does not keep a group on one worker here
+    (``tests/test_scheduler.py`` shows it, and fails once it does)."""
     from xdist.scheduler import LoadScheduling
 
     class DagsterDevFirst(LoadScheduling):
