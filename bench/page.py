@@ -54,6 +54,7 @@ class Bench:
 #: their last results describe code that is gone.
 BENCHES = (
     Bench("run.py", "default", lambda _, results, path: run_table(results, path)),
+    Bench("e2e.py", "e2e-as_shipped-shared_spark-against-*"),
     Bench("e2e.py", "e2e-as_shipped-against-*"),
     Bench("e2e.py", "e2e-as_shipped-half_second_micro_batches"),
     Bench("e2e.py", "e2e-shared_spark_half_second"),
