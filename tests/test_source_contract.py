@@ -66,3 +66,25 @@ print("pyspark" in sys.modules)
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_what_sparks_python_workers_import_imports_no_dagster() -> None:
+    """Spark's Python workers (a source's reader, a realtime query's commit) import these
+    at their start: Dagster's import is most of a second and tens of MiB of each."""
+    import subprocess
+    import sys
+
+    modules = [
+        "backlog_dagster.phases.micro_batch",
+        "backlog_dagster.implementations",
+        "backlog_dagster.log.spark",
+        "backlog_dagster.kafka.spark",
+        "backlog_dagster.archive.spark",
+        "backlog_dagster.sink",
+    ]
+    script = (
+        f"import sys\nfor m in {modules!r}:\n    __import__(m)\nprint('dagster' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"
