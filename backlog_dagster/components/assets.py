@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from backlog_dagster.phases.backlog import BacklogReport
-    from backlog_dagster.phases.realtime import ArmedQuery
+    from backlog_dagster.phases.realtime import ArmedQuery, RealtimeRun
     from backlog_dagster.spark.session import Reopen
 
 
@@ -559,27 +560,30 @@ def _realtime_until_cancelled(
     from backlog_dagster.phases.realtime import RealtimeRun, run_realtime
 
     sink, status_sink = sinks
-    armed = None if handed is None else handed.armed
-    if config.standby_for_generation is not None:
-        armed = _standby_until_switch(context, pipeline, config, spark, status_sink, standby)
-        if armed is None:
-            return None
+    realtime = with_run_settings(pipeline, config)
     run = RealtimeRun(
         checkpoint_dir=realtime_checkpoint(pipeline, context.run.run_id),
         log=context.log.info,
-        on_status=realtime_reporter(
-            context.asset_key, status_sink, pipeline.switch.report_every, context.log_event
-        ),
         status_every_s=pipeline.switch.status_every,
         checkpoint_interval=config.checkpoint_interval,
         shuffle_partitions=config.shuffle_partitions,
     )
+    armed = None if handed is None else handed.armed
+    number = config.standby_for_generation
+    if number is not None:
+        on = (spark, status_sink)
+        armed = _standby_until_switch(context, (pipeline, realtime), number, run, on, standby)
+        if armed is None:
+            return None
+    report = realtime_reporter(
+        context.asset_key, status_sink, pipeline.switch.report_every, context.log_event
+    )
     status = run_realtime(
         spark,
-        with_run_settings(pipeline, config),
+        realtime,
         sink,
         status_sink,
-        run,
+        replace(run, on_status=report),
         armed=armed,
         source_reached=handed is not None,
         reopen=reopen,
@@ -589,31 +593,23 @@ def _realtime_until_cancelled(
 
 def _standby_until_switch(
     context: dg.AssetExecutionContext,
-    pipeline: PipelineConfig,
-    config: RealtimeRunConfig,
-    spark: "SparkSession",
-    status_sink: Sink,
+    pipelines: tuple[PipelineConfig, PipelineConfig],
+    number: int,
+    run: "RealtimeRun",
+    on: tuple["SparkSession", Sink],
     stack: ExitStack,
 ) -> "ArmedQuery | None":
-    """A standby's wait: Spark warmed up and the query armed (stopped when ``stack``
-    closes), until its generation's switch; the armed query, or None when the generation
-    was replaced first (the run ends unused)."""
+    """A standby's wait for generation ``number``'s switch: Spark (``on``) warmed up and
+    the query armed (stopped when ``stack`` closes); the armed query, or None when the
+    generation was replaced first (the run ends unused). ``pipelines``: the pipeline, and
+    the same with the run's realtime settings, which its query takes."""
     from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG
-    from backlog_dagster.phases.realtime import RealtimeRun, armed_realtime
+    from backlog_dagster.phases.realtime import armed_realtime
     from backlog_dagster.phases.standby import await_switch, warm_up
 
-    number = config.standby_for_generation
-    assert number is not None
+    (pipeline, realtime), (spark, status_sink) = pipelines, on
     warm_up(spark, pipeline, status_sink)
-    run = RealtimeRun(
-        checkpoint_dir=realtime_checkpoint(pipeline, context.run.run_id),
-        log=context.log.info,
-        checkpoint_interval=config.checkpoint_interval,
-        shuffle_partitions=config.shuffle_partitions,
-    )
-    armed = stack.enter_context(
-        armed_realtime(spark, with_run_settings(pipeline, config), run, run_id=context.run.run_id)
-    )
+    armed = stack.enter_context(armed_realtime(spark, realtime, run, run_id=context.run.run_id))
     if not await_switch(
         pipeline, status_sink, number, should_stop=lambda: False, log=context.log.info
     ):
