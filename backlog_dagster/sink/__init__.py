@@ -27,13 +27,15 @@ def open_sink(config: PipelineConfig) -> Sink:
     """
     sink, layout = config.sink, layout_of(config.transform)
     if sink.kind == "postgres":
-        from backlog_dagster.sink.postgres import PostgresSink
+        from backlog_dagster.sink.postgres import open_postgres_sink
 
         dsn = resolve(sink.dsn, "sink.dsn")
-        return PostgresSink(dsn, sink.db_schema, sink.table, config.name, layout, sink.describe())
-    from backlog_dagster.sink.sqlite import SqliteSink
+        return open_postgres_sink(
+            dsn, sink.db_schema, sink.table, config.name, layout, sink.describe()
+        )
+    from backlog_dagster.sink.sqlite import open_sqlite_sink
 
-    return SqliteSink(sink.path, sink.table, config.name, layout)
+    return open_sqlite_sink(sink.path, sink.table, config.name, layout)
 
 
 def for_other_processes(config: PipelineConfig) -> PipelineConfig:

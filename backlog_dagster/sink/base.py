@@ -6,20 +6,30 @@ run has consumed and the results it produced from them are committed together: r
 can neither skip nor replay a record (the consistency the Pravega seed asks of reader
 positions). Everything outside this package depends on the ``Sink`` protocol only;
 ``backlog_dagster.sink.open_sink`` chooses the implementation ``sink.kind`` names.
+
+Inside the package a sink is three parts: a ``Database`` (a connection, its
+transactions, the run lock), the state (``sink.state``, written once for every
+database) and a ``ResultsWriter`` (the results tables, one per database, since each
+merges and bulk loads its own way); ``sink.stored`` puts them together.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pyarrow as pa
 from typing_extensions import Self
 
 from backlog_dagster.errors import UserError
 from backlog_dagster.pipeline.results import ResultLayout
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -132,6 +142,75 @@ def check_commit(
 
 class SinkUnreachable(RuntimeError, UserError):
     """The sink cannot be opened; the message names the field and what to check."""
+
+
+class Database(Protocol):
+    """The connection a sink's statements run on, for one pipeline."""
+
+    def run(self, work: Callable[[sa.Connection], T], *, write: bool, retry: bool) -> T:
+        """``work`` in one transaction, committed when it returns.
+
+        A writing transaction (``write``) follows the pipeline's other writers, one at a
+        time, from any process. A lost connection is opened again; with ``retry``,
+        ``work`` is made again on it (it must be safe to make twice), else the call
+        raises ``SinkUnreachable``.
+        """
+
+    def run_lock(self, holder: str, wait_s: float) -> AbstractContextManager[bool]:
+        """``Sink.run_lock``."""
+
+    def holds_run_lock(self, holder: str) -> bool:
+        """``Sink.holds_run_lock``."""
+
+    def keep_run_lock(self) -> bool:
+        """``Sink.keep_run_lock``."""
+
+    def lock_holder(self) -> str:
+        """``Sink.lock_holder``."""
+
+    def close(self) -> None: ...
+
+
+class ResultsWriter(Protocol):
+    """One pipeline's results, dead letters and late records in one database; each call
+    runs in a transaction its caller holds on that database's connection (the names
+    come from ``ResultTables``)."""
+
+    @property
+    def dead_letter_table(self) -> str: ...
+
+    @property
+    def late_table(self) -> str: ...
+
+    def create(self, connection: sa.Connection) -> None:
+        """The tables that do not depend on the data, unless they are there."""
+
+    def clear(self, connection: sa.Connection) -> None:
+        """Nothing held any more (new markers were taken): ``Sink.start_generation``."""
+
+    def write(
+        self,
+        connection: sa.Connection,
+        results: pa.Table,
+        late: pa.Table | None,
+        dead_letters: pa.Table | None,
+    ) -> None:
+        """Merge ``results`` into the held ones; keep ``late`` and ``dead_letters``."""
+
+    def is_empty(self, connection: sa.Connection) -> bool: ...
+
+    def read_results(self, connection: sa.Connection) -> pa.Table: ...
+
+    def read_dead_letters(self, connection: sa.Connection) -> pa.Table: ...
+
+    def read_late(self, connection: sa.Connection) -> pa.Table: ...
+
+    def read_reference(self, connection: sa.Connection, table: str, columns: list[str]) -> pa.Table:
+        """``Sink.read_reference``."""
+
+    def dead_letter_count(self, connection: sa.Connection) -> int: ...
+
+    def late_count(self, connection: sa.Connection) -> int: ...
 
 
 class Sink(Protocol):
