@@ -4,13 +4,12 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-ARCHIVE := $(VENV)/.class-archive
 # The oldest and the newest Python the package supports (tests/pythons.py): the unit
 # tests run on each in a virtualenv of its own, the full suite on .venv's.
 OLDEST := 3.10
 NEWEST := 3.13
-# Independent steps run side by side: the linters beside the class-data archive (each
-# about a core for most of a minute), the browser's install beside the packages'.
+# Independent steps run side by side: the linters beside the unit tests on the other
+# Pythons, the browser's install beside the packages'.
 MAKEFLAGS += --jobs=2
 
 .PHONY: demo test lint bench browser unit-oldest unit-newest
@@ -30,16 +29,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/uv pip install --quiet --compile-bytecode --python .venv-$*/bin/python -e '.[dev]'
 	touch $@
 
-# The class-data archive local Spark drivers start from (about a third less CPU a start).
-$(ARCHIVE): $(STAMP)
-	$(BIN)/backlog-dagster spark class-archive
-	touch $(ARCHIVE)
-
 # `make demo ARGS=--postgres`: results and Dagster's storage in the local PostgreSQL.
-demo: $(ARCHIVE)
+demo: $(STAMP)
 	$(BIN)/backlog-dagster demo $(ARGS)
 
-test: lint browser $(ARCHIVE) unit-oldest unit-newest
+test: lint browser unit-oldest unit-newest
 	$(BIN)/pytest -n 2
 
 # One process each: make runs the two side by side.
@@ -61,5 +55,5 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
-bench: $(ARCHIVE)
+bench: $(STAMP)
 	$(BIN)/python bench/run.py

@@ -124,7 +124,6 @@ from backlog_dagster.log import Topic
 from backlog_dagster.pipeline.load import load_pipeline
 from backlog_dagster.pipeline.paths import with_paths_under
 from backlog_dagster.sink import open_sink
-from backlog_dagster.spark.class_archive import archive_path
 from backlog_dagster.spark.servers import SparkServer
 from backlog_dagster.tools.dev_server import copy_project, dagster_dev
 from backlog_dagster.tools.sample_run import DEFAULT_WARM_UP_S
@@ -159,19 +158,7 @@ CASES: dict[str, dict[str, dict[str, Any]]] = {
         "realtime": {"checkpoint_interval": 0.5},
         "switch": {"standby": False, "continue_as_realtime": False},
     },
-    "without_start_cuts": {
-        "realtime": {
-            "spark_conf": {
-                "spark.sql.streaming.checkpointFileManagerClass": (
-                    "org.apache.spark.sql.execution.streaming.checkpointing."
-                    "FileContextBasedCheckpointFileManager"
-                )
-            }
-        }
-    },
 }
-#: Cases whose drivers start without the class-data archive.
-WITHOUT_CLASS_ARCHIVE = {"without_start_cuts"}
 #: Cases whose runs share one Spark Connect server, started before ``dagster dev``.
 SHARED_SPARK = {
     "shared_spark",
@@ -280,7 +267,7 @@ def measure(
         for rep in range(0 if args.resume else args.repeat):
             for case, code in variants:
                 name = _variant(case, code)
-                with class_archive_aside(case in WITHOUT_CLASS_ARCHIVE), code_of(code):
+                with code_of(code):
                     run = one_run(
                         scratch / f"{name}-{rep}",
                         args,
@@ -344,8 +331,8 @@ def code_of(checkout: Path | None) -> Iterator[None]:
         yield
         return
     before, folder = os.environ.get("PYTHONPATH"), Path.cwd()
-    # The Spark home this process's own Spark set (``spark.home``): the checkout's runs
-    # choose theirs.
+    # The Spark home this process's own Spark set (a checkout from before its removal
+    # set one): the checkout's runs choose theirs.
     spark_home = os.environ.pop("SPARK_HOME", None)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), before]))
     os.chdir(checkout)
@@ -359,21 +346,6 @@ def code_of(checkout: Path | None) -> Iterator[None]:
             os.environ["PYTHONPATH"] = before
         if spark_home is not None:
             os.environ["SPARK_HOME"] = spark_home
-
-
-@contextlib.contextmanager
-def class_archive_aside(aside: bool) -> Iterator[None]:
-    """The class-data archive moved out of the drivers' sight while the block runs."""
-    path = archive_path()
-    hidden = path.with_name(f"{path.name}.aside")
-    if not aside or not path.is_file():
-        yield
-        return
-    path.replace(hidden)
-    try:
-        yield
-    finally:
-        hidden.replace(path)
 
 
 def one_run(
@@ -896,7 +868,6 @@ LABELS = {
     "shared_spark_half_second_no_standby": "shared Spark, 0.5 s, realtime started at the switch",
     "standby": "a standby beside each backlog",
     "shared_spark_half_second_cold": "shared Spark unwarmed, 0.5 s micro-batches",
-    "without_start_cuts": "without the start and checkpoint cuts",
 }
 
 

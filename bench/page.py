@@ -69,7 +69,6 @@ BENCHES = (
     Bench("crash.py", "crash", lambda m, r, path: m.benchmarks_section(r, path.stem)),
     Bench("flink.py", "flink", named("_markdown")),
     Bench("warm_server.py", "warm-server"),
-    Bench("spark_home.py", "spark-home"),
     Bench("log_lookups.py", "log-lookups"),
     Bench("armed_backlog.py", "armed-backlog", named("_markdown")),
 )

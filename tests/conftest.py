@@ -42,17 +42,16 @@ DAGSTER_DEV_MODULES = ("tests/test_crash.py", "tests/test_switch.py", "tests/tes
 UNIT_MODULES = (
     "tests/test_chunks.py",
     "tests/test_component.py",
-    "tests/test_compiler_priority.py",
     "tests/test_install_checks.py",
     "tests/test_log.py",
     "tests/test_log_cli.py",
-    "tests/test_pacing.py",
     "tests/test_pipeline_config.py",
     "tests/test_policy.py",
     "tests/test_scheduler.py",
     "tests/test_progress.py",
     "tests/test_sink_contract.py",
     "tests/test_source_contract.py",
+    "tests/test_spark_session.py",
     "tests/test_switch_sensor.py",
 )
 

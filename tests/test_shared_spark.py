@@ -25,7 +25,6 @@ from backlog_dagster.phases.micro_batch import (
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import SinkUnreachable, open_sink
 from backlog_dagster.spark import home, servers
-from backlog_dagster.spark.compiler_priority import COMPILER_NICENESS, compiler_threads
 from backlog_dagster.spark.session import SparkSettingRefused, spark_config
 from backlog_dagster.tools.sample_run import warm_up_server
 from tests.conftest import MakeTopic, append_orders
@@ -141,7 +140,6 @@ def test_a_backlog_and_a_standby_go_on_in_new_sessions_when_their_connect_server
     switch: the standby goes on in a new session too, and reads what arrived since."""
     topic = make_topic(records=2_000_000, buckets=4)
     with servers.connect_server(tmp_path / "server", master="local[2]") as first:
-        assert compiler_niceness(first) == {COMPILER_NICENESS}
         config = pipeline(
             tmp_path,
             CUSTOMER_TOTALS,
@@ -195,12 +193,6 @@ def test_a_backlog_and_a_standby_go_on_in_new_sessions_when_their_connect_server
         results = sink.read_results().to_pandas()
     oracle = customer_totals_oracle(records_up_to(topic, topic.latest_offsets()))
     assert_same(results, oracle, ["customer_id"])
-
-
-def compiler_niceness(server: servers.SparkServer) -> set[int]:
-    """The niceness of the server JVM's JIT compiler threads."""
-    threads = compiler_threads(server.process.pid)
-    return {os.getpriority(os.PRIO_PROCESS, thread) for thread in threads}
 
 
 def restart(server: servers.SparkServer) -> servers.SparkServer:

@@ -9,24 +9,12 @@ from pathlib import Path
 import click
 
 from backlog_dagster.spark import servers
-from backlog_dagster.tools import class_archive
 from backlog_dagster.tools.sample_run import DEFAULT_WARM_UP_S, warming
 
 
 @click.group("spark")
 def spark_group() -> None:
-    """A Spark that outlives runs (a Spark Connect server or a standalone cluster), and the
-    class-data archive that local drivers start from."""
-
-
-@spark_group.command("class-archive")
-def write_class_archive() -> None:
-    """Write the class-data archive that local Spark drivers start from (once per PySpark
-    and Java: about a third less CPU for each start after it; `make` writes it)."""
-    try:
-        class_archive.write_archive(click.echo)
-    except RuntimeError as error:
-        raise click.ClickException(str(error)) from None
+    """A Spark that outlives runs: a Spark Connect server or a standalone cluster."""
 
 
 @spark_group.command("connect-server")

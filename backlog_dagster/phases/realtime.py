@@ -134,13 +134,6 @@ QUERY_START_ATTEMPTS = 6
 QUERY_START_FIRST_WAIT_S = 5
 QUERY_START_LONGEST_WAIT_S = 30
 
-#: Micro-batch intervals up to this (s) are kept by the source's reader rather than by
-#: Spark's trigger (``spark.pacing``): Spark starts every query's micro-batches at the
-#: same instants, and on one machine their contention is a large share of a short
-#: interval. A paced query stops only once its reader's wait ends, so longer intervals
-#: keep Spark's own trigger, which stops at once.
-PACED_UP_TO_S = 5.0
-
 
 def read_limit(config: PipelineConfig, interval: float) -> int | None:
     """The realtime query's read limit (records per micro-batch) at ``interval`` s."""
@@ -631,14 +624,11 @@ def _start_query(
         stream = stream.schema(schema)
     if limit is not None:
         stream = stream.option("maxRecordsPerTrigger", limit)
-    trigger = interval
-    if 0 < interval <= PACED_UP_TO_S:
-        stream, trigger = stream.option("microBatchInterval", str(interval)), 0
     records = stream.load()
     writer = (
         records.writeStream.queryName(f"{config.name}_realtime")
         .foreachBatch(commit)
-        .trigger(processingTime=f"{trigger} seconds")
+        .trigger(processingTime=f"{interval} seconds")
         .option("checkpointLocation", str(checkpoint_dir))
     )
     return start_query(writer, log)

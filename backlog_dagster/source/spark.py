@@ -27,10 +27,6 @@ Options (all optional but ``path``, or what the source's own package names):
   their latest offset.
 - ``maxRecordsPerTrigger`` (streaming): a read limit per micro-batch, shared out evenly
   among the buckets that have records to read. ``availableNow`` honours it.
-- ``microBatchInterval`` (streaming): seconds between micro-batch starts, kept by the
-  reader (``spark.pacing``): each ``latestOffset`` waits for the query's own slot in
-  the interval, so queries on one machine do not all start at the same instant. Run
-  the query with a ``processingTime`` trigger of 0. ``availableNow`` does not wait.
 - ``buckets``: comma-separated bucket ids to read; default every bucket.
 - ``maxRecordsPerPartition``: larger bucket ranges are split into several Spark tasks.
 - ``minPartitions``: a read of at least that many times 100,000 records is split into at
@@ -79,7 +75,6 @@ from backlog_dagster.source.records import (
     read_range,
 )
 from backlog_dagster.source.schema import parse_ddl
-from backlog_dagster.spark.pacing import Pacer
 from backlog_dagster.spark.session import read_tasks
 
 if TYPE_CHECKING:
@@ -264,8 +259,6 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.plan = plan
         self.max_records = _positive_int(plan.options, "maxRecordsPerTrigger", None)
         self._target: Offsets | None = None
-        interval = _positive_seconds(plan.options, "microBatchInterval")
-        self._pacer = None if interval is None else Pacer(interval)
         self._topic: Source | None = None
 
     def initialOffset(self) -> dict:
@@ -280,8 +273,6 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = self._available()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        if self._pacer is not None and self._target is None:
-            self._pacer.wait()
         start = self._started(start)
         if waiting(start):
             return {WAITING: int(time.time() // WAITING_BEAT_S)}
@@ -520,10 +511,6 @@ def _offsets_in_file(path: str) -> str | None:
 def _positive_int(options: Mapping[str, str], name: str, default: int | None) -> int | None:
     value = _positive(options, name, int, "a positive whole number")
     return default if value is None else int(value)
-
-
-def _positive_seconds(options: Mapping[str, str], name: str) -> float | None:
-    return _positive(options, name, float, "a positive number of seconds")
 
 
 def _positive(

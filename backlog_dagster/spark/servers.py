@@ -1,6 +1,6 @@
-"""Long-lived Spark processes, started from the pyspark installation (through
-``spark.home.launch_home``): a Spark Connect server and a standalone cluster (a master
-and its workers).
+"""Long-lived Spark processes, started with the pyspark installation's own launch
+scripts (or those of ``SPARK_HOME`` where it is set): a Spark Connect server and a
+standalone cluster (a master and its workers).
 
 Pipelines attach to them with ``spark_master: sc://host:port`` (Connect) or
 ``spark://host:port`` (standalone); a run then pays no JVM start of its own on Connect,
@@ -23,13 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from backlog_dagster.spark import compiler_priority, connect_main
-from backlog_dagster.spark.home import launch_home
-from backlog_dagster.spark.session import (
-    LAUNCH_CONF,
-    SESSION_CONF,
-    with_driver_java_option,
-)
+from backlog_dagster.spark import connect_main
+from backlog_dagster.spark.session import LAUNCH_CONF, SESSION_CONF, spark_home
 from backlog_dagster.waiting import until
 
 #: Spark's Connect service as a plugin of the server's application
@@ -102,8 +97,7 @@ def start_connect_server(
     Every client gets a session of its own (its SQL settings, its temporary views and
     streaming queries); the server's Spark is shared under the fair scheduler, and so are
     the classes it generates and compiles for query plans and its Python workers
-    (``spark.connect_main``). Its JIT compilers start together, to be niced once it
-    listens (``spark.compiler_priority``).
+    (``spark.connect_main``).
     """
     folder.mkdir(parents=True, exist_ok=True)
     pools = folder / "fair-pools.xml"
@@ -122,9 +116,7 @@ def start_connect_server(
         **conf,
     }
     plugins = ",".join(p for p in (settings.get("spark.plugins", ""), CONNECT_PLUGIN) if p)
-    settings = with_driver_java_option(
-        {**settings, "spark.plugins": plugins}, compiler_priority.JAVA_OPTION
-    )
+    settings = {**settings, "spark.plugins": plugins}
     command = ["bin/spark-submit", "--name", "backlog-dagster", "--master", master]
     for key, value in settings.items():
         command += ["--conf", f"{key}={value}"]
@@ -161,7 +153,7 @@ def _start(
 ) -> SparkServer:
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"{name.replace(' ', '-')}.log"
-    home = launch_home()
+    home = spark_home()
     environment = {
         **os.environ,
         "SPARK_HOME": str(home),
@@ -182,9 +174,7 @@ def _start(
 
 
 def wait_until_listening(server: SparkServer, timeout: float = 120) -> None:
-    """Wait until the server accepts connections; its log's end if it died or took too long.
-    Once it listens, its process is the JVM (Spark's launch script execs it), and that
-    JVM's JIT compilers are niced (``spark.compiler_priority``)."""
+    """Wait until the server accepts connections; its log's end if it died or took too long."""
 
     def listening() -> bool:
         try:
@@ -201,7 +191,6 @@ def wait_until_listening(server: SparkServer, timeout: float = 120) -> None:
             f"Spark {server.name} ({server.url}) {state}; the end of its log "
             f"({server.log.name}):\n" + "\n".join(tail)
         )
-    compiler_priority.lower_compiler_priority(server.process.pid)
 
 
 def stop(server: SparkServer, signal_number: int = signal.SIGTERM) -> None:

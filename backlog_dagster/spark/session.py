@@ -7,11 +7,10 @@ import sys
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backlog_dagster.errors import UserError
-from backlog_dagster.spark.class_archive import DRIVER_JAVA_OPTIONS, driver_java_option
-from backlog_dagster.spark.home import spark_home
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -62,35 +61,34 @@ DEFAULT_CONF: Mapping[str, str] = {**SESSION_CONF, **LAUNCH_CONF}
 
 
 def use_this_python() -> None:
-    """Make Spark's Python workers run this interpreter, where the package is installed,
-    and import its installed PySpark (``spark.home``)."""
+    """Make Spark's Python workers run this interpreter, where the package is installed."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ["SPARK_HOME"] = str(spark_home())
+
+
+def spark_home() -> Path:
+    """The Spark a process started here runs: the user's ``SPARK_HOME``, else the pyspark
+    installation, which carries Spark's launch scripts and jars."""
+    given = os.environ.get("SPARK_HOME")
+    if given:
+        return Path(given)
+    import pyspark
+
+    return Path(pyspark.__file__).parent
 
 
 class SparkSettingRefused(ValueError, UserError):
     """A launch setting asked of a Spark that was launched already (a Connect server)."""
 
 
-def with_driver_java_option(settings: Mapping[str, str], option: str) -> dict[str, str]:
-    """``settings`` with the driver's Java ``option`` ahead of any they give already."""
-    given = settings.get(DRIVER_JAVA_OPTIONS, "")
-    return {**settings, DRIVER_JAVA_OPTIONS: f"{option} {given}".strip()}
-
-
 def spark_config(master: str, app_name: str, conf: Mapping[str, str] = {}) -> dict[str, str]:
     """Every setting of a session on ``master``: this project's defaults, then ``conf``.
 
     A Spark Connect server (``sc://``) takes session (``spark.sql.*``) settings only; a
-    launch setting for it is refused, naming it, rather than silently not applied. A
-    driver this process starts maps its classes from the class-data archive when one
-    fits (``spark.class_archive``), before any Java options ``conf`` gives.
+    launch setting for it is refused, naming it, rather than silently not applied.
     """
     if not master.startswith("sc://"):
-        settings = {"spark.master": master, "spark.app.name": app_name, **DEFAULT_CONF, **conf}
-        archive = driver_java_option(settings)
-        return settings if archive is None else with_driver_java_option(settings, archive)
+        return {"spark.master": master, "spark.app.name": app_name, **DEFAULT_CONF, **conf}
     fixed = sorted(key for key in conf if not key.startswith("spark.sql."))
     if fixed:
         raise SparkSettingRefused(

@@ -1,17 +1,13 @@
-"""A small pipeline run end to end on a Spark: what prepares a JVM for the real ones.
+"""A small pipeline run end to end on a Spark: what warms a long-lived server up.
 
-Two things want a JVM to have done what runs do before any run comes:
-
-- the class-data archive (``spark.class_archive``) dumps the classes a driver loaded
-  while it ran this, so later drivers map them instead of loading them;
-- a long-lived Spark Connect server warms up with it (``warm_up_server``): its JIT
-  compiles the code that backlogs and realtime micro-batches run while nothing waits on
-  it. On a fresh server the C1 and C2 compilers took 0.4 of a core a minute into the
-  first pipelines' realtime. The example under ``dagster dev`` on a shared server
-  (``bench/e2e.py``, 2 cores, medians of three, alternating): every pipeline within a
-  second of its input 74.9 s after the start on a warmed server, 99.9 s on one that was
-  not, and the server took 1.35 to 1.42 cores for the three realtime queries against
-  1.49 to 1.51.
+A Spark Connect server that ``backlog-dagster spark connect-server`` starts runs it
+before it says it is up (``warm_up_server``): its JIT compiles the code that backlogs
+and realtime micro-batches run while nothing waits on it. On a fresh server the C1 and
+C2 compilers took 0.4 of a core a minute into the first pipelines' realtime. The example
+under ``dagster dev`` on a shared server (``bench/e2e.py``, 2 cores, medians of three,
+alternating): every pipeline within a second of its input 74.9 s after the start on a
+warmed server, 99.9 s on one that was not, and the server took 1.35 to 1.42 cores for the
+three realtime queries against 1.49 to 1.51.
 
 A run is: a reference-workload log in ``folder``, each sample pipeline's backlog over
 it, then their realtime queries side by side while records are appended at ``live_rate``
