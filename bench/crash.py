@@ -40,6 +40,8 @@ sys.path.insert(0, str(ROOT))  # the harness lives in tests/
 sys.path.insert(0, str(ROOT / "bench"))
 
 import page  # noqa: E402
+from report import machine_line  # noqa: E402
+from run import machine  # noqa: E402
 
 from backlog_dagster.spark.servers import connect_server, stop  # noqa: E402
 from tests.crash import PIPELINES, ExampleUnderTest, audit, kill_points, run_trial  # noqa: E402
@@ -84,6 +86,7 @@ def main() -> None:
     def write() -> None:
         figures = {
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "machine": earlier.get("machine") or machine(),
             "settings": earlier.get("settings", vars(args)),
             "resumed": earlier.get("resumed", []) + ([vars(args)] if args.resume else []),
             "kill_points": points,
@@ -207,6 +210,16 @@ def recovery(trials: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def reproduce(settings: dict[str, Any]) -> str:
+    """The command that runs the crash matrix with ``settings`` again."""
+    command = (
+        f".venv/bin/python bench/crash.py --trials {settings['trials']} "
+        f"--per-session {settings['per_session']} --records {settings['records']} "
+        f"--live-rate {settings['live_rate']} --seed {settings['seed']}"
+    )
+    return command + (" --spark-connect" if settings.get("spark_connect") else "")
+
+
 def markdown(figures: dict[str, Any]) -> str:
     settings = figures["settings"]
     # A resumed run goes on up to its own --trials.
@@ -225,7 +238,15 @@ def markdown(figures: dict[str, Any]) -> str:
             if settings.get("spark_connect")
             else "a local Spark per run"
         )
-        + ". Written by `bench/crash.py`.",
+        + ".",
+        "",
+        f"Reproduce: `{reproduce(settings)}`. Machine: "
+        + (
+            machine_line(figures["machine"])
+            if "machine" in figures
+            else "not recorded (the bench recorded it from 2026-12-06 on)"
+        )
+        + ".",
         "",
         "| kill point | trials | moment hit | recovered | lost | duplicated | wrong values "
         "| recovery s (median) | recovery s (max) |",

@@ -64,6 +64,7 @@ BENCHES = (
     Bench("sources.py", "sources", named("_markdown")),
     Bench("archive.py", "archive", named("_markdown")),
     Bench("sinks.py", "sinks", lambda module, results, path: module._markdown(results, path)),
+    Bench("sink_calls.py", "sink-calls-against-*"),
     Bench("spark_modes.py", "spark-modes", named("_markdown")),
     Bench("crash.py", "crash-spark-connect", lambda m, r, path: m.benchmarks_section(r, path.stem)),
     Bench("crash.py", "crash", lambda m, r, path: m.benchmarks_section(r, path.stem)),
