@@ -218,11 +218,24 @@ def the_ui_shows_the_backlog_then_the_realtime_phase(
         timeout=400,
         reload_every=1.5,
     )
-    assert re.search(r"backlog \d+ % \([\d,]+ of [\d,]+ records\)", text), text
+    assert re.search(r"catching up \d+ % \([\d,]+ of [\d,]+ records\)", text), text
     # Seen while the backlog ran: its run had not materialized the asset yet.
     assert "finished_at" not in text, text
+    # One time format on the page: the pipeline's, not a second one beside it.
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", text), text
     screenshot(browser, screenshots, "backlog-progress", scroll_to="Metadata")
-    page_showing(browser, f"{url}/locations/example/sensors/customer_totals_switch", ['"where": "'])
+    # The realtime asset's check says, from the first moment, that it is not live yet.
+    page_showing(
+        browser,
+        f"{url}/assets/customer_totals_realtime?view=checks",
+        ["keeps_up", "not streaming yet: catching up"],
+    )
+    screenshot(browser, screenshots, "checks-during-backlog")
+    text = page_showing(
+        browser, f"{url}/locations/example/sensors/customer_totals_switch", ['"where": "']
+    )
+    # The cursor, which the tick list shows, holds the state and no raw Unix time.
+    assert not re.search(r"\d{10}", text), text
     screenshot(browser, screenshots, "sensor")
     wait_until(
         lambda: sink_state(configs, "customer_totals")[0] == "realtime",
@@ -237,7 +250,23 @@ def the_ui_shows_the_backlog_then_the_realtime_phase(
     text = page_showing(
         browser,
         f"{url}/assets/customer_totals_realtime",
-        ["realtime since", "lag_records", "phase_since"],
+        ["streaming, lag", "lag_records", "phase_since"],
     )
-    assert re.search(r"realtime since \d\d:\d\d:\d\d UTC, lag", text), text
     screenshot(browser, screenshots, "realtime-phase", scroll_to="Metadata")
+    # From the checks, the catalog's health: streaming, and the backlog finished.
+    page_showing(
+        browser,
+        f"{url}/assets/customer_totals_realtime?view=checks",
+        ["keeps_up", "streaming, lag"],
+    )
+    page_showing(
+        browser,
+        f"{url}/assets/customer_totals_backlog?view=checks",
+        ["catches_up", "backlog finished"],
+    )
+    screenshot(browser, screenshots, "checks-streaming")
+    # The Runs list names what a run does: a backlog that went on as the realtime run.
+    page_showing(browser, f"{url}/runs", ["customer_totals_backlog_then_realtime_job"])
+    screenshot(browser, screenshots, "runs")
+    page_showing(browser, f"{url}/assets", ["customer_totals_realtime", "customer_totals_backlog"])
+    screenshot(browser, screenshots, "catalog")

@@ -72,8 +72,10 @@ def test_a_translation_sets_key_group_owners_tags_kinds_and_automation_per_phase
     # The jobs, the check and the op names (which run configs name) follow too.
     job = defs.resolve_job_def("orders_total_backlog_then_realtime_job")
     assert set(job.asset_layer.executable_asset_keys) >= {backlog.key}
-    check_keys = {key.asset_key for key in defs.resolve_asset_graph().asset_check_keys}
-    assert check_keys == {realtime.key}
+    check_keys = {(key.asset_key, key.name) for key in defs.resolve_asset_graph().asset_check_keys}
+    assert check_keys == {(backlog.key, "catches_up"), (realtime.key, "keeps_up")}
+    # What realtime keeps fresh, in Dagster's own terms (the catalog's health).
+    assert realtime.freshness_policy is not None and backlog.freshness_policy is None
     ops = {node.name for node in job.graph.node_defs}
     assert "orders_total_backlog" in ops
 

@@ -10,8 +10,10 @@ import pytest
 from backlog_dagster.components.switch import keeps_up_verdict
 from backlog_dagster.phases.policy import MIN_LAG_GROWTH, lag_grew
 from backlog_dagster.phases.progress import (
+    NEW_ROUND,
     RunProgress,
     backlog_progress,
+    backlog_round,
     published_run,
     readable_duration,
 )
@@ -42,9 +44,7 @@ def test_progress_counts_the_chunk_under_way_and_the_eta_follows_the_rate(tmp_pa
     assert [b.percent for b in progress.buckets] == [25.0, 25.0]
     assert progress.records_per_s == 50_000
     assert progress.eta_s == 30  # 1,500,000 left at 50,000/s
-    assert progress.describe() == (
-        "backlog 25 % (500,000 of 2,000,000 records), 50,000 records/s, ETA 30 s"
-    )
+    assert progress.describe() == "catching up 25 % (500,000 of 2,000,000 records), ETA 30 s"
     # The markers strategy's switch does not wait for what arrives meanwhile.
     arriving = backlog_progress(
         generation((0, 100)), run(500_000, 10, {0: 250_000, 1: 250_100}, 20_000), config
@@ -66,7 +66,7 @@ def test_with_a_lag_threshold_the_eta_counts_what_arrives(tmp_path: Path) -> Non
     assert gaining.eta_s == pytest.approx(2_000_000 / 30_000)
     losing = backlog_progress(generation((0, 100)), run(500_000, 10, {}, 60_000), config)
     assert losing.eta_s is None
-    assert losing.describe().endswith("50,000 records/s, not gaining on the input")
+    assert losing.describe().endswith("records), not gaining on the input")
 
 
 def test_progress_of_another_generation_or_none_yet(tmp_path: Path) -> None:
@@ -74,7 +74,27 @@ def test_progress_of_another_generation_or_none_yet(tmp_path: Path) -> None:
     other = RunProgress("r", 2, 0.0, 10.0, 500, {0: 500})
     progress = backlog_progress(generation((0, 100)), other, config)
     assert progress.done == 0 and progress.records_per_s is None and progress.eta_s is None
-    assert progress.describe() == "backlog 0 % (0 of 2,000,000 records)"
+    assert progress.describe() == "catching up 0 % (0 of 2,000,000 records)"
+
+
+def test_a_backlog_that_took_new_markers_at_the_logs_end_says_which_round_it_is_in(
+    tmp_path: Path,
+) -> None:
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    extended = f"{NEW_ROUND}, but 396,051 records arrived meanwhile"
+    history = [
+        PhaseChange(1, "backlog", 0.0, "first start"),
+        PhaseChange(2, "backlog", 1.0, extended),
+        PhaseChange(3, "backlog", 2.0, extended),
+    ]
+    assert backlog_round(history[:1]) == 1 and backlog_round(history) == 3
+    # A way back starts the rounds again.
+    back = [*history, PhaseChange(3, "realtime", 3.0, "x"), PhaseChange(4, "backlog", 4.0, "lag")]
+    assert backlog_round(back) == 1
+    second = backlog_progress(generation((0, 100)), None, config, history[:2])
+    assert second.describe() == (
+        "catching up, round 2: 0 % (0 of 2,000,000 records that arrived during round 1)"
+    )
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
@@ -145,10 +165,14 @@ def test_the_realtime_runs_last_status_says_where_the_pipeline_went(tmp_path: Pa
         done = backlog_finished_metadata(sink, first.number, 1_234_567, 75)
         assert done["phase"].value == "backlog"
         assert "1,234,567 records in 1 min 15 s" in str(done["where"].value)
+        # The keys of a backlog in progress, with the same meaning.
+        assert done["records_done"].value == 1_234_567 and done["percent_done"].value == 100
+        assert done["read_rate"].value == "16,461 records/s read, since the run began to read"
         sink.record_phase(first.number, "realtime", "markers reached")
         running = realtime_ended_metadata(status, sink)
         assert running["phase"].value == "realtime"
-        assert str(running["where"].value).startswith("realtime since ")
+        assert str(running["where"].value) == "streaming, lag 1.5 s of input (2 records)"
+        assert running["lag"].value == "1.5 s of input"
         back = sink.continue_generation({0: 20}, "watermark lag 50 s above the threshold")
         assert back is not None
         ended = realtime_ended_metadata(status, sink)

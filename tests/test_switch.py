@@ -304,7 +304,7 @@ def a_run_launched_by_hand_did_the_work_or_was_refused(
         dg.AssetKey("customer_totals_backlog"), limit=10
     ).records
     read = [
-        r.asset_materialization.metadata["rows_read"].value
+        r.asset_materialization.metadata["records_done"].value
         for r in records
         if r.asset_materialization is not None
     ]

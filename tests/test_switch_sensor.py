@@ -8,6 +8,7 @@ Dagster gives real ones; nothing runs. What they did is covered end to end under
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from pathlib import Path
@@ -57,6 +58,15 @@ def test_a_run_refused_by_hand_hides_no_active_run_and_only_own_failures_wait(
     with dg.instance_for_test() as instance:
         first = tick(instance)
         assert [r.job_name for r in first.run_requests] == [JOB]
+        # From its first tick both assets' checks say the state: catching up, not live yet.
+        checks = {
+            e.check_name: e for e in first.asset_events if isinstance(e, dg.AssetCheckEvaluation)
+        }
+        catching_up = "catching up 0 % (0 of 1,000 records)"
+        assert checks["catches_up"].passed and checks["catches_up"].description == catching_up
+        assert not checks["keeps_up"].passed
+        assert checks["keeps_up"].description == f"not streaming yet: {catching_up}"
+        assert checks["keeps_up"].asset_key == dg.AssetKey("customer_totals_realtime")
 
         # The sensor's run reads and beats; a newer run a user launched by hand was
         # refused (its own code failed). The active older run is the one that counts.
@@ -67,7 +77,7 @@ def test_a_run_refused_by_hand_hides_no_active_run_and_only_own_failures_wait(
         second = tick(instance)
         assert second.run_requests == []
         # Every tick's reason begins with where the pipeline is.
-        where = "backlog 0 % (0 of 1,000 records)"
+        where = "catching up 0 % (0 of 1,000 records)"
         assert second.skip_reason.skip_message == f"{where}; backlog run {reading.run_id} is active"
         assert json.loads(second.cursor)["where"] == where
         assert second.cursor.startswith('{"where": ')
@@ -79,12 +89,18 @@ def test_a_run_refused_by_hand_hides_no_active_run_and_only_own_failures_wait(
         with open_sink(config) as sink:
             sink.publish_progress(reading.run_id, published.to_json())
         progressing = tick(instance)
-        where = "backlog 40 % (400 of 1,000 records), 100 records/s, ETA 6.0 s"
+        where = "catching up 40 % (400 of 1,000 records), ETA 6.0 s"
         assert progressing.skip_reason.skip_message.startswith(f"{where}; ")
         [observed] = [e for e in progressing.asset_events if "percent_done" in e.metadata]
         assert observed.asset_key == dg.AssetKey("customer_totals_backlog")
         assert observed.description == where
         assert observed.metadata["percent_done"].value == 40.0
+        assert (
+            observed.metadata["read_rate"].value
+            == "100 records/s read, since the run began to read"
+        )
+        # The cursor holds no raw Unix time: the sensor's page shows it.
+        assert not re.search(r"\d{9,}", progressing.cursor), progressing.cursor
         assert observed.metadata["phase"].value == "backlog"
         buckets = observed.metadata["buckets"].value.records
         assert [(r.data["done"], r.data["total"]) for r in buckets] == [(150, 424), (250, 576)]
@@ -391,7 +407,7 @@ def test_finishes_and_phase_changes_are_reported_once_when_the_daemon_dies_mid_t
             sink.skip(generation.number, {bucket: (state.reached, state.marker)})
         finished = tick_stored_but_not_its_cursor(first.cursor)
         assert [d for _, d in reported(finished, "BacklogFinishEvent")] == [
-            f"bucket {bucket} reached its marker {state.marker:,} (generation 1)"
+            f"bucket {bucket} reached its marker {state.marker:,} (generation 1; 1 bucket(s) to go)"
         ]
         again = tick_stored_but_not_its_cursor(first.cursor)
         assert reported(again, "BacklogFinishEvent") == []

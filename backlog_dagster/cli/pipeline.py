@@ -99,6 +99,7 @@ def status(defs_yaml: Path) -> None:
     from backlog_dagster.phases.lag import watermark_lag
     from backlog_dagster.phases.progress import (
         backlog_progress,
+        clock,
         published_run,
         realtime_lag,
         realtime_where,
@@ -118,14 +119,14 @@ def status(defs_yaml: Path) -> None:
     if generation is None:
         console.print(f"{config.name}: not started (no markers yet)")
         return
-    progress = backlog_progress(generation, run, config)
+    progress = backlog_progress(generation, run, config, history)
     with open_source(config) as topic:
         Console().print(_bucket_table(config, generation, history[-1].phase, progress, topic))
         lag = watermark_lag(generation, topic, config, now)
         where = progress.describe()
         if history[-1].phase == "realtime":
             behind = realtime_lag(generation, topic.latest_offsets(), lag, config)
-            where = realtime_where(history[-1].changed_at, behind)
+            where = f"{realtime_where(behind)} since {clock(history[-1].changed_at)}"
         console.print(where)
     threshold = config.backlog.watermark_lag_threshold
     console.print(

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -144,8 +145,20 @@ def phase_specs(config: PipelineConfig) -> dict[str, dg.AssetSpec]:
         # A standby whose generation is replaced before the switch has done nothing: it
         # ends without a materialization (nor the checks that would follow one).
         skippable=True,
+        freshness_policy=realtime_freshness(config),
     )
     return {"backlog": backlog, "realtime": realtime}
+
+
+def realtime_freshness(config: PipelineConfig) -> dg.FreshnessPolicy:
+    """What realtime keeps fresh, as Dagster's catalog judges it: a streaming realtime
+    run materializes its asset every ``switch.report_every``, so one that has not for
+    ten of those (at least five minutes) is not streaming, and for four a warning."""
+    every = config.switch.report_every
+    return dg.FreshnessPolicy.time_window(
+        fail_window=timedelta(seconds=max(300.0, 10 * every)),
+        warn_window=timedelta(seconds=max(120.0, 4 * every)),
+    )
 
 
 def pipeline_definitions(
@@ -168,7 +181,10 @@ def pipeline_definitions(
             backlog_asset(config, defs_file, specs["backlog"], backlog_step_),
             realtime_asset(config, defs_file, specs["realtime"], realtime_step_),
         ],
-        asset_checks=[keeps_up_check(config, keys["realtime"])],
+        asset_checks=[
+            catches_up_check(config, keys["backlog"]),
+            keeps_up_check(config, keys["realtime"]),
+        ],
         jobs=jobs,
         sensors=[switch_sensor(config, jobs, keys)],
     )
@@ -633,11 +649,13 @@ def keeps_up_check(
     @dg.asset_check(
         asset=realtime or phase_specs(pipeline)["realtime"].key,
         name="keeps_up",
-        description="Warns when realtime does not keep up with the input: its offset lag "
-        "grew over switch.keeps_up_window, its watermark lag is over the threshold, or the "
-        "pipeline keeps going back into backlog. The switch sensor evaluates it while the "
-        "realtime run goes on (when the verdict changes, and every 10 minutes) and at each "
-        "phase change; run by hand, it reads the phase history and the watermark lag now.",
+        description="Whether the pipeline streams and keeps up, its state in one line "
+        "first. Warns while it is not streaming yet (catching up) and when realtime does "
+        "not keep up with the input: its offset lag grew over switch.keeps_up_window, its "
+        "watermark lag is over the threshold, or the pipeline keeps going back into "
+        "backlog. The switch sensor evaluates it every switch.report_every, at once when "
+        "its verdict changes, and at each phase change; run by hand, it reads the phase "
+        "history and the watermark lag now.",
     )
     def keeps_up() -> dg.AssetCheckResult:
         from backlog_dagster.components.switch import keeps_up_verdict
@@ -665,20 +683,54 @@ def keeps_up_check(
     return keeps_up
 
 
+def catches_up_check(
+    pipeline: PipelineConfig, backlog: dg.AssetKey | None = None
+) -> dg.AssetChecksDefinition:
+    """The ``catches_up`` check of the backlog asset (``backlog``, else its own key)."""
+
+    @dg.asset_check(
+        asset=backlog or phase_specs(pipeline)["backlog"].key,
+        name="catches_up",
+        description="The backlog's state in one line (catching up, its round, percent "
+        "and ETA; finished once the pipeline streams). Warns while the backlog reads "
+        "slower than records arrive. The switch sensor evaluates it every "
+        "switch.report_every during the backlog and at each phase change; run by hand, it "
+        "reads the sink's progress now.",
+    )
+    def catches_up() -> dg.AssetCheckResult:
+        from backlog_dagster.components.switch import catches_up as evaluate
+        from backlog_dagster.components.switch import gaining
+        from backlog_dagster.phases.progress import backlog_progress, published_run
+
+        with open_sink(pipeline) as sink:
+            generation, history = sink.current_generation(), sink.phase_history()
+            if generation is None:
+                return dg.AssetCheckResult(passed=True, description="not started: no markers yet")
+            run = published_run(sink, pipeline, time.time())
+            progress = backlog_progress(generation, run, pipeline, history)
+            if history and history[-1].phase == "realtime":
+                evaluation = evaluate(dg.AssetKey("x"), True, "backlog finished; streaming")
+            else:
+                evaluation = evaluate(dg.AssetKey("x"), gaining(progress), progress.describe())
+        return dg.AssetCheckResult(
+            passed=evaluation.passed,
+            severity=dg.AssetCheckSeverity.WARN,
+            description=evaluation.description,
+        )
+
+    return catches_up
+
+
 def report_metadata(report: "BacklogReport") -> dict[str, dg.MetadataValue]:
+    """What the backlog run did, beside what it read (``backlog_finished_metadata``)."""
     return {
-        "generation": dg.MetadataValue.int(report.generation),
-        "rows_read": dg.MetadataValue.int(report.rows_read),
         "rows_written": dg.MetadataValue.int(report.rows_written),
         "bad_records": dg.MetadataValue.int(report.bad_records),
         "skipped_records": dg.MetadataValue.int(report.skipped_records),
         "chunks": dg.MetadataValue.int(report.chunks),
         "spark_server_restarts": dg.MetadataValue.int(report.server_restarts),
-        "duration_s": dg.MetadataValue.float(round(report.seconds, 3)),
-        "records_per_s": dg.MetadataValue.float(round(report.records_per_second, 1)),
         "buckets": bucket_table(report.buckets.values(), report.read_from),
         "spark_settings": dg.MetadataValue.json(report.spark_settings),
-        "finished_at": dg.MetadataValue.timestamp(time.time()),
     }
 
 

@@ -1,12 +1,17 @@
 """What the pipeline's assets show in Dagster's UI: events a reader takes in at a glance.
 
 Every event carries a one-line description (the Events list shows it) and the same four
-keys, ``phase``, ``phase_since``, ``generation`` and ``where``, so the asset's overview
+keys, ``phase``, ``phase_since``, ``generation`` and ``where`` (the pipeline's state in
+one line, as the sensor's ticks and the asset checks say it), so the asset's overview
 says where the pipeline is without opening an event. That overview shows the newest
 materialization's metadata once the asset has one (Dagster 1.13), observations only
 before: so the realtime run's status is a materialization (its commits do change the
-results), and its last one says where the pipeline went when the run ended. Per-bucket
-values are tables; durations are written out; counts are numbers.
+results), and its last one says where the pipeline went when the run ended.
+
+One vocabulary: a backlog in progress and a finished one have the same keys
+(``records_done``, ``records_total``, ``percent_done``, ``read_rate``); a count is a
+number, a rate and a duration are text with their unit and what they count; a time is
+written as ``phases.progress.clock`` writes it. Per-bucket values are tables.
 """
 
 from __future__ import annotations
@@ -37,10 +42,19 @@ def phase_metadata(
     """The keys every observation carries: where the pipeline is."""
     return {
         "phase": dg.MetadataValue.text(phase),
-        "phase_since": dg.MetadataValue.timestamp(since),
+        "phase_since": dg.MetadataValue.text(clock(since)),
         "generation": dg.MetadataValue.int(generation),
         "where": dg.MetadataValue.text(where),
     }
+
+
+def read_rate(records_per_s: float | None) -> dg.MetadataValue:
+    """The backlog run's reading rate, saying what it counts."""
+    if not records_per_s:
+        return dg.MetadataValue.text("not measured yet (the run has not read a chunk)")
+    return dg.MetadataValue.text(
+        f"{records_per_s:,.0f} records/s read, since the run began to read"
+    )
 
 
 def phase_observation(
@@ -64,9 +78,11 @@ def backlog_observation(
         "percent_done": dg.MetadataValue.float(round(progress.percent, 1)),
         "records_done": dg.MetadataValue.int(progress.done),
         "records_total": dg.MetadataValue.int(progress.total),
+        "read_rate": read_rate(progress.records_per_s),
         "eta": dg.MetadataValue.text(
             "unknown" if progress.eta_s is None else readable_duration(progress.eta_s)
         ),
+        "round": dg.MetadataValue.int(progress.round),
         "buckets": dg.MetadataValue.table(
             records=[
                 dg.TableRecord(
@@ -89,26 +105,32 @@ def backlog_observation(
             ),
         ),
     }
-    if progress.records_per_s is not None:
-        metadata["records_per_s"] = dg.MetadataValue.int(round(progress.records_per_s))
-    if progress.eta_s is not None:
-        metadata["eta_s"] = dg.MetadataValue.float(round(progress.eta_s, 1))
     if progress.arrival_per_s:
-        metadata["arriving_per_s"] = dg.MetadataValue.int(round(progress.arrival_per_s))
+        metadata["arrival_rate"] = dg.MetadataValue.text(
+            f"{progress.arrival_per_s:,.0f} records/s arriving at the source"
+        )
     return dg.AssetObservation(asset_key=key, description=where, metadata=metadata)
 
 
 def backlog_finished_metadata(
     sink: Sink, generation: int, records: int, seconds: float
 ) -> dict[str, dg.MetadataValue]:
-    """The phase keys of the backlog run's materialization, which its asset's overview
-    shows from then on: when it finished, what it read."""
-    since = _since(sink.phase_history())
-    where = (
-        f"backlog finished at {clock(time.time())}: {records:,} records in "
-        f"{readable_duration(seconds)}"
-    )
-    return phase_metadata("backlog", since, generation, where)
+    """The backlog run's materialization, which its asset's overview shows from then on:
+    the phase the pipeline went on in, what the backlog read and how fast, under the keys
+    of a backlog in progress."""
+    history = sink.phase_history()
+    phase = history[-1].phase if history else "backlog"
+    where = f"backlog finished: {records:,} records in {readable_duration(seconds)}"
+    if phase == "realtime":
+        where += ", the pipeline streams"
+    return {
+        **phase_metadata(phase, _since(history), generation, where),
+        "records_done": dg.MetadataValue.int(records),
+        "percent_done": dg.MetadataValue.float(100.0),
+        "read_rate": read_rate(records / seconds if seconds else None),
+        "duration": dg.MetadataValue.text(readable_duration(seconds)),
+        "finished_at": dg.MetadataValue.text(clock(time.time())),
+    }
 
 
 def realtime_metadata(
@@ -117,24 +139,25 @@ def realtime_metadata(
     """The realtime run's status: the lag net of the allowed lateness, in records and
     seconds of input, the rate, the records set aside; offsets per bucket as a table."""
     lag = RealtimeLag(sum(status.offset_lag.values()), status.offset_lag, status.input_lag_s)
-    where = realtime_where(since, lag)
-    if status.records_per_s:
-        where += f", {status.records_per_s:,.0f} records/s"
+    where = realtime_where(lag)
     if status.late_records or status.bad_records:
         where += f"; {status.late_records:,} late, {status.bad_records:,} bad records set aside"
     metadata: dict[str, dg.MetadataValue] = {
         **phase_metadata("realtime", since, generation, where),
         "lag_records": dg.MetadataValue.int(lag.records),
         "records": dg.MetadataValue.int(status.records),
-        "records_per_s": dg.MetadataValue.int(round(status.records_per_s)),
+        "commit_rate": dg.MetadataValue.text(
+            f"{status.records_per_s:,.0f} records/s committed, over the last status interval"
+        ),
         "batches": dg.MetadataValue.int(status.batches),
         "late_records": dg.MetadataValue.int(status.late_records),
         "bad_records": dg.MetadataValue.int(status.bad_records),
         "buckets": _offsets_table(status.offsets, status.offset_lag),
     }
     if lag.input_lag_s is not None:
-        metadata["lag"] = dg.MetadataValue.text(readable_duration(max(0.0, lag.input_lag_s)))
-        metadata["lag_s"] = dg.MetadataValue.float(round(lag.input_lag_s, 3))
+        metadata["lag"] = dg.MetadataValue.text(
+            f"{readable_duration(max(0.0, lag.input_lag_s))} of input"
+        )
     if status.watermark is not None:
         metadata["watermark"] = dg.MetadataValue.text(status.watermark)
     return metadata

@@ -61,8 +61,10 @@ from backlog_dagster.phases.policy import (
     way_backs,
 )
 from backlog_dagster.phases.progress import (
+    BacklogProgress,
     backlog_progress,
     clock,
+    from_clock,
     published_run,
     readable_duration,
     realtime_lag,
@@ -223,6 +225,7 @@ def _tick(context: dg.SensorEvaluationContext, switch: _Switch) -> dg.SensorResu
         phase = sink.phase()
     number = 0 if seen.generation is None else seen.generation.number
     _end_standby_of_failing_backlog(context, config, number, last)
+    _tags_follow(context, last, number)
     finished = seen.generation is not None and seen.generation.finished
     request, skip = _run_request(
         context, switch, seen.cursor, (phase, number, finished), last, died
@@ -399,25 +402,46 @@ STORED_LOOKBACK = 500
 def _finish_events(
     generation: Generation, cursor: dict[str, Any], key: dg.AssetKey
 ) -> list[dg.AssetObservation]:
-    events = []
-    for bucket in generation.buckets.values():
-        if bucket.finished and bucket.bucket not in cursor["finished"]:
-            cursor["finished"].append(bucket.bucket)
-            events.append(
-                dg.AssetObservation(
-                    asset_key=key,
-                    description=f"bucket {bucket.bucket} reached its marker "
-                    f"{bucket.marker:,} (generation {generation.number})",
-                    metadata={
-                        "event": "BacklogFinishEvent",
-                        "bucket": bucket.bucket,
-                        "marker": bucket.marker,
-                        "reached": bucket.reached,
-                        "generation": generation.number,
-                    },
-                )
-            )
-    return events
+    """One observation for the buckets that reached their markers since the last tick."""
+    reached = [
+        b
+        for b in sorted(generation.buckets.values(), key=lambda b: b.bucket)
+        if b.finished and b.bucket not in cursor["finished"]
+    ]
+    if not reached:
+        return []
+    cursor["finished"].extend(b.bucket for b in reached)
+    names = ", ".join(str(b.bucket) for b in reached)
+    left = sum(not b.finished for b in generation.buckets.values())
+    which = (
+        f"buckets {names} reached their markers"
+        if len(reached) > 1
+        else f"bucket {names} reached its marker {reached[0].marker:,}"
+    )
+
+    to_go = f"{left:,} bucket(s) to go" if left else "every bucket has"
+    said = f"{which} (generation {generation.number}; {to_go})"
+    return [
+        dg.AssetObservation(
+            asset_key=key,
+            description=said,
+            metadata={
+                "event": "BacklogFinishEvent",
+                "generation": generation.number,
+                "buckets": dg.MetadataValue.table(
+                    records=[
+                        dg.TableRecord(
+                            {"bucket": b.bucket, "marker": b.marker, "reached": b.reached}
+                        )
+                        for b in reached
+                    ],
+                    schema=dg.TableSchema(
+                        columns=[dg.TableColumn(c, "int") for c in ("bucket", "marker", "reached")]
+                    ),
+                ),
+            },
+        )
+    ]
 
 
 def _not_stored_yet(
@@ -470,10 +494,10 @@ def _decide(
             markers_reached=generation.finished,
             lag=lag,
             history=sink.phase_history(),
-            lag_above_since=cursor.get("lag_above_since"),
+            lag_above_since=_unix(cursor.get("lag_above_since")),
             now=now,
         )
-        cursor["lag_above_since"] = decision.lag_above_since
+        cursor["lag_above_since"] = _text(decision.lag_above_since)
         if lag is not None:
             context.log.info(
                 f"{config.name}: {phase}, {lag.describe()} (threshold {threshold:g} s)"
@@ -525,9 +549,47 @@ def _phase_events(
         events.append(
             phase_observation(other, change.phase, change.changed_at, change.generation, said)
         )
-        events.append(keeps_up(history[: index + 1], asset_of["realtime"], now))
+        if change.phase == "realtime":
+            events.append(catches_up(asset_of["backlog"], True, f"backlog finished; {said}"))
+            events.append(keeps_up(history[: index + 1], asset_of["realtime"], now))
+        else:
+            events.append(catches_up(asset_of["backlog"], True, f"catching up; {said}"))
+            events.append(not_streaming(asset_of["realtime"], said))
     cursor["reported"] = len(history)
     return events
+
+
+def catches_up(key: dg.AssetKey, passed: bool, state: str) -> dg.AssetCheckEvaluation:
+    """The backlog asset's ``catches_up`` check: the backlog's state in its description;
+    a warning while it reads slower than records arrive."""
+    description = (
+        state
+        if passed
+        else (
+            f"{state}: the backlog reads slower than records arrive, so it does not gain on "
+            "the input. Give the backlog phase more resources (spark_master, "
+            "backlog.spark_conf) or let it switch at its markers (no watermark_lag_threshold)."
+        )
+    )
+    return dg.AssetCheckEvaluation(
+        asset_key=key,
+        check_name="catches_up",
+        passed=passed,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=description,
+    )
+
+
+def not_streaming(key: dg.AssetKey, state: str) -> dg.AssetCheckEvaluation:
+    """The realtime asset's ``keeps_up`` while the pipeline is in backlog: a warning
+    that says how far the catch-up is (nothing is live yet)."""
+    return dg.AssetCheckEvaluation(
+        asset_key=key,
+        check_name="keeps_up",
+        passed=False,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=f"not streaming yet: {state}",
+    )
 
 
 def keeps_up(
@@ -536,10 +598,11 @@ def keeps_up(
     now: float,
     lag_growth: tuple[int, int] | None = None,
     watermark_over: tuple[float, float] | None = None,
+    state: str = "",
 ) -> dg.AssetCheckEvaluation:
     """The ``keeps_up`` check's evaluation, as the sensor reports it: at each phase change
-    and, in realtime, when its verdict changes (and every ``KEEPS_UP_EVERY_S``)."""
-    passed, description, count = keeps_up_verdict(history, now, lag_growth, watermark_over)
+    and, in realtime, every ``switch.report_every`` with the pipeline's ``state``."""
+    passed, description, count = keeps_up_verdict(history, now, lag_growth, watermark_over, state)
     return dg.AssetCheckEvaluation(
         asset_key=key,
         check_name="keeps_up",
@@ -555,40 +618,61 @@ def keeps_up_verdict(
     now: float,
     lag_growth: tuple[int, int] | None = None,
     watermark_over: tuple[float, float] | None = None,
+    state: str = "",
 ) -> tuple[bool, str, int]:
     """Passed unless realtime does not keep up: the pipeline is flapping, its offset lag
     grew over the window (``lag_growth``: records behind then and now), or its watermark
-    lag is over the threshold (``watermark_over``: lag and threshold, s). A description
-    that says what to do; the way backs counted."""
+    lag is over the threshold (``watermark_over``: lag and threshold, s). The description
+    begins with the pipeline's state in one line (``state`` when it keeps up, ``behind:
+    ...`` when it does not), then says why and what to do; the way backs counted."""
     count = way_backs(history, now)
     counted = f"{count} way(s) back into backlog in the last {FLAP_WINDOW_S / 60:.0f} minutes"
-    problems = []
-    if flapping(history, now):
-        problems.append(
-            f"{counted}: the pipeline keeps going back into backlog (it now waits longer "
-            "in realtime before each way back)"
-        )
-    if lag_growth is not None:
-        problems.append(
-            f"the realtime lag grew from {lag_growth[0]:,} to {lag_growth[1]:,} records: "
-            "realtime clears fewer records than arrive"
-        )
-    if watermark_over is not None:
-        problems.append(
-            f"the watermark lag ({readable_duration(watermark_over[0])}) is over the "
-            f"threshold ({readable_duration(watermark_over[1])}): unless realtime catches "
-            "up within the grace period, the pipeline goes back into backlog"
-        )
+    short, problems = behind(history, now, lag_growth, watermark_over)
     if not problems:
-        return True, counted, count
+        return True, f"{state}; {counted}" if state else counted, count
     return (
         False,
-        "Realtime does not keep up with the input: "
+        f"{short}. Realtime does not keep up with the input: "
         + "; ".join(problems)
         + ". Give the realtime phase more resources (more cores or executors through "
         "spark_master and realtime.spark_conf) or a larger realtime.max_records_per_trigger.",
         count,
     )
+
+
+def behind(
+    history: list[PhaseChange],
+    now: float,
+    lag_growth: tuple[int, int] | None = None,
+    watermark_over: tuple[float, float] | None = None,
+) -> tuple[str, list[str]]:
+    """Why realtime does not keep up: in one line (``behind: lag grew ...``, empty when
+    it keeps up) and in full."""
+    count = way_backs(history, now)
+    window = f"{FLAP_WINDOW_S / 60:.0f} minutes"
+    short, problems = [], []
+    if flapping(history, now):
+        short.append(f"back into backlog {count} times in the last {window}")
+        problems.append(
+            f"{count} way(s) back into backlog in the last {window}: the pipeline keeps "
+            "going back into backlog (it now waits longer in realtime before each way back)"
+        )
+    if lag_growth is not None:
+        before, after = lag_growth
+        grew = f" ({(after - before) / before:+.0%})" if before else ""
+        short.append(f"lag grew from {before:,} to {after:,} records{grew}")
+        problems.append(
+            f"the realtime lag grew from {before:,} to {after:,} records: "
+            "realtime clears fewer records than arrive"
+        )
+    if watermark_over is not None:
+        lag, threshold = (readable_duration(s) for s in watermark_over)
+        short.append(f"watermark lag {lag}, over the threshold of {threshold}")
+        problems.append(
+            f"the watermark lag ({lag}) is over the threshold ({threshold}): unless realtime "
+            "catches up within the grace period, the pipeline goes back into backlog"
+        )
+    return ("behind: " + "; ".join(short) if short else ""), problems
 
 
 def history_table(history: list[PhaseChange]) -> str:
@@ -604,8 +688,6 @@ def history_table(history: list[PhaseChange]) -> str:
     return "\n".join(lines)
 
 
-#: In realtime, the keeps_up verdict is reported when it changes, and at least this often.
-KEEPS_UP_EVERY_S = 600
 #: Offset lag samples kept per keeps_up window (in the cursor).
 LAG_SAMPLES = 30
 
@@ -620,38 +702,81 @@ def _where(
     now: float,
     asset_of: dict[str, dg.AssetKey],
 ) -> tuple[str, list[dg.AssetObservation | dg.AssetCheckEvaluation]]:
-    """Where the pipeline is, in one line, and the reports due: in backlog, the progress
-    the backlog run published (every ``switch.report_every``); in realtime, the
-    ``keeps_up`` check on the lag's growth (when its verdict changes)."""
+    """The pipeline's state in one line, and the reports due every ``switch.report_every``:
+    in backlog, the progress the backlog run published and both assets' checks; in
+    realtime, the ``keeps_up`` check on the lag and its growth (at once when its verdict
+    changes)."""
     since = history[-1].changed_at if history else generation.created_at
+    cursor.pop("observed_at", None)  # a cursor's key from before ``reported_at``
+    due = now - (_unix(cursor.get("reported_at")) or 0.0) >= config.switch.report_every
     if not history or history[-1].phase == "backlog":
         run = published_run(sink, config, now)
-        progress = backlog_progress(generation, run, config)
-        if run is None or now - cursor.get("observed_at", 0) < config.switch.report_every:
-            return progress.describe(), []
-        cursor["observed_at"] = now
-        return progress.describe(), [backlog_observation(asset_of["backlog"], progress, since)]
+        progress = backlog_progress(generation, run, config, history)
+        where = progress.describe()
+        reports: list[dg.AssetObservation | dg.AssetCheckEvaluation] = []
+        # Progress is observed once the backlog run publishes it; both checks say the
+        # state from the first tick on.
+        if run is not None and due:
+            cursor["reported_at"] = clock(now)
+            reports.append(backlog_observation(asset_of["backlog"], progress, since))
+        if now - (_unix(cursor.get("checked_at")) or 0.0) >= config.switch.report_every:
+            cursor["checked_at"] = clock(now)
+            reports.append(catches_up(asset_of["backlog"], gaining(progress), where))
+            reports.append(not_streaming(asset_of["realtime"], where))
+        return where, reports
     with open_source(config) as topic:
         lag = realtime_lag(generation, topic.latest_offsets(), mark, config)
     window = config.switch.keeps_up_window
-    samples = [s for s in cursor.get("lag_samples", []) if s[0] >= now - window]
+    held = [(from_clock(t), int(n)) for t, n in cursor.get("lag_samples", [])]
+    samples = [(t, n) for t, n in held if t >= now - window]
     if not samples or now - samples[-1][0] >= window / LAG_SAMPLES:
-        samples.append([now, lag.records])
-    cursor["lag_samples"] = samples
+        samples.append((now, lag.records))
+    cursor["lag_samples"] = [[clock(t), n] for t, n in samples]
     growth = None
     if lag_grew(samples, window, now):
         growth = (samples[0][1], samples[-1][1])
     over = over_threshold(mark, config)
-    evaluation = keeps_up(history, asset_of["realtime"], now, growth, over)
-    reported = cursor.get("keeps_up")
-    if (
-        reported is not None
-        and reported[0] == evaluation.passed
-        and now - reported[1] < KEEPS_UP_EVERY_S
-    ):
-        return realtime_where(since, lag), []
-    cursor["keeps_up"] = [evaluation.passed, now]
-    return realtime_where(since, lag), [evaluation]
+    short, _ = behind(history, now, growth, over)
+    where = short or realtime_where(lag)
+    evaluation = keeps_up(history, asset_of["realtime"], now, growth, over, where)
+    verdict_changed = cursor.get("keeps_up") != evaluation.passed
+    if not (due or verdict_changed):
+        return where, []
+    cursor["reported_at"], cursor["keeps_up"] = clock(now), evaluation.passed
+    return where, [evaluation]
+
+
+def gaining(progress: BacklogProgress) -> bool:
+    """Whether the backlog gains on the input (or has not measured its rate yet)."""
+    return not (
+        progress.records_per_s and progress.eta_s is None and progress.done < progress.total
+    )
+
+
+def _unix(value: str | float | None) -> float | None:
+    """A time the cursor holds (``clock``'s text; a number in a cursor from before)."""
+    return None if value is None else from_clock(value)
+
+
+def _text(unix_s: float | None) -> str | None:
+    return None if unix_s is None else clock(unix_s)
+
+
+def _tags_follow(
+    context: dg.SensorEvaluationContext,
+    last: dict[str, dg.DagsterRun | None],
+    number: int,
+) -> None:
+    """The generation tag of each active run is the pipeline's generation now (the Runs
+    page then says which markers a run works towards, after new rounds too)."""
+    for run in last.values():
+        if (
+            run is not None
+            and run.status in ACTIVE
+            and number
+            and run.tags.get("backlog_dagster/generation") != str(number)
+        ):
+            context.instance.add_run_tags(run.run_id, {"backlog_dagster/generation": str(number)})
 
 
 def _run_request(

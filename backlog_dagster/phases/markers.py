@@ -24,6 +24,7 @@ from collections.abc import Callable
 from backlog_dagster.errors import UserError
 from backlog_dagster.phases.lag import watermark_lag
 from backlog_dagster.phases.policy import lag_says_backlog, residual_says_backlog
+from backlog_dagster.phases.progress import NEW_ROUND
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation, Sink
 from backlog_dagster.source import Source
@@ -175,12 +176,12 @@ def extend_markers(
     lag = None if threshold is None else watermark_lag(generation, topic, config, time.time())
     if lag is not None and lag_says_backlog(lag, config):
         reason = (
-            f"every bucket reached its marker, but {lag.describe()} is above the threshold "
+            f"{NEW_ROUND}, but {lag.describe()} is above the threshold "
             f"{threshold:g} s: new markers at the log's end"
         )
     elif residual_says_backlog(residual, config, previous_residual):
         reason = (
-            f"every bucket reached its marker, but {residual:,} records arrived meanwhile, "
+            f"{NEW_ROUND}, but {residual:,} records arrived meanwhile, "
             f"more than backlog.residual_records ({config.backlog.residual_records:,}): "
             "new markers at the log's end, read in batch"
         )

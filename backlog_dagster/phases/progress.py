@@ -16,14 +16,20 @@ rounds), so it gains on the input only at its rate less the arrival rate.
 
 from __future__ import annotations
 
+import calendar
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from backlog_dagster.phases.lag import Lag, lateness_us
 from backlog_dagster.pipeline.config import PipelineConfig
-from backlog_dagster.sink import Generation, Sink
+from backlog_dagster.sink import Generation, PhaseChange, Sink
+
+#: How the cause of a generation begins when it took new markers at the log's end after
+#: the last ones were reached (``phases.markers.extend_markers``): a new round of the
+#: same backlog, reading what arrived during the one before.
+NEW_ROUND = "every bucket reached its marker"
 
 #: A run's published progress older than this many heartbeats is not used: the run
 #: may be gone (the sensor decides that by the heartbeat timeout).
@@ -88,21 +94,42 @@ class BacklogProgress:
     arrival_per_s: float
     #: Seconds to the switch; None when unknown (no rate yet, or not gaining).
     eta_s: float | None
+    #: 1, or the round of a backlog that took new markers at the log's end (``NEW_ROUND``).
+    round: int = 1
 
     @property
     def percent(self) -> float:
         return 100.0 if self.total <= 0 else 100.0 * min(self.done, self.total) / self.total
 
     def describe(self) -> str:
-        """One line: ``backlog 63 % (1,234,567 of 1,950,000 records), 410,000/s, ETA 40 s``."""
-        line = f"backlog {self.percent:.0f} % ({self.done:,} of {self.total:,} records)"
-        if self.records_per_s:
-            line += f", {self.records_per_s:,.0f} records/s"
+        """The pipeline's state in one line, as every page says it:
+        ``catching up 63 % (1,234,567 of 1,950,000 records), ETA 40 s``, or in a later
+        round ``catching up, round 2: 0 % (0 of 396,051 records that arrived during
+        round 1)``. The rate is beside it (``read_rate``)."""
+        counts = f"{self.percent:.0f} % ({self.done:,} of {self.total:,} records"
+        if self.round > 1:
+            line = (
+                f"catching up, round {self.round}: {counts} that arrived during round "
+                f"{self.round - 1})"
+            )
+        else:
+            line = f"catching up {counts})"
         if self.eta_s is not None:
             line += f", ETA {readable_duration(self.eta_s)}"
         elif self.records_per_s and self.done < self.total:
             line += ", not gaining on the input"
         return line
+
+
+def backlog_round(history: Sequence[PhaseChange]) -> int:
+    """Which round the backlog under way is in: 1, and one more for each set of new
+    markers taken at the log's end since it began (``NEW_ROUND``)."""
+    rounds = 1
+    for change in reversed(history):
+        if change.phase != "backlog" or not change.cause.startswith(NEW_ROUND):
+            break
+        rounds += 1
+    return rounds
 
 
 def published_run(sink: Sink, config: PipelineConfig, now: float) -> RunProgress | None:
@@ -121,10 +148,14 @@ def previous_chunk_rate(sink: Sink) -> float | None:
 
 
 def backlog_progress(
-    generation: Generation, run: RunProgress | None, config: PipelineConfig
+    generation: Generation,
+    run: RunProgress | None,
+    config: PipelineConfig,
+    history: Sequence[PhaseChange] = (),
 ) -> BacklogProgress:
     """The generation's backlog progress; ``run`` is the backlog run's published progress
-    (ignored when it belongs to another generation)."""
+    (ignored when it belongs to another generation), ``history`` the phase history (for
+    the round)."""
     # With a watermark-lag threshold the backlog goes on through what arrives meanwhile.
     continues_rounds = config.backlog.watermark_lag_threshold is not None
     if run is not None and run.generation != generation.number:
@@ -151,6 +182,7 @@ def backlog_progress(
         records_per_s=rate,
         arrival_per_s=arrival,
         eta_s=_eta(total - done, rate, arrival if continues_rounds else 0.0),
+        round=backlog_round(history),
     )
 
 
@@ -176,8 +208,16 @@ def readable_duration(seconds: float) -> str:
 
 
 def clock(unix_s: float) -> str:
-    """``04:12:03 UTC``: when something happened, as the UI's readers say it."""
-    return time.strftime("%H:%M:%S UTC", time.gmtime(unix_s))
+    """``2026-12-02 04:12:03 UTC``: when something happened, in the one format every
+    page, event and cursor of the project writes a time in."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix_s))
+
+
+def from_clock(text: str | float) -> float:
+    """The Unix time ``clock`` wrote (a number, as cursors held before, passes as it is)."""
+    if not isinstance(text, str):
+        return float(text)
+    return float(calendar.timegm(time.strptime(text, "%Y-%m-%d %H:%M:%S UTC")))
 
 
 @dataclass(frozen=True)
@@ -198,9 +238,10 @@ class RealtimeLag:
         return f"lag {seconds} of input ({self.records:,} records)"
 
 
-def realtime_where(since: float, lag: RealtimeLag) -> str:
-    """``realtime since 04:12:03 UTC, lag 0.8 s of input (12,345 records)``."""
-    return f"realtime since {clock(since)}, {lag.describe()}"
+def realtime_where(lag: RealtimeLag) -> str:
+    """The pipeline's state in one line while it streams and keeps up:
+    ``streaming, lag 0.8 s of input (12,345 records)`` (since when: ``phase_since``)."""
+    return f"streaming, {lag.describe()}"
 
 
 def realtime_lag(
