@@ -50,7 +50,7 @@ from backlog_dagster.components.observations import (
     phase_observation,
 )
 from backlog_dagster.implementations import open_source
-from backlog_dagster.phases.lag import Lag, watermark_lag
+from backlog_dagster.phases.lag import Lag, lateness_us, watermark_lag
 from backlog_dagster.phases.markers import continue_backlog, current_generation, extend_markers
 from backlog_dagster.phases.policy import (
     FLAP_WINDOW_S,
@@ -499,8 +499,13 @@ def _decide(
         )
         cursor["lag_above_since"] = _text(decision.lag_above_since)
         if lag is not None:
+            # The state line's lag is this one, net of the window's allowed lateness.
+            net = ""
+            if lag.seconds is not None:
+                input_s = max(0.0, lag.seconds - lateness_us(config) / 1_000_000)
+                net = f": {readable_duration(input_s)} of input behind"
             context.log.info(
-                f"{config.name}: {phase}, {lag.describe()} (threshold {threshold:g} s)"
+                f"{config.name}: {phase}, {lag.describe()} (threshold {threshold:g} s){net}"
             )
         if decision.cause is not None and not (phase == "realtime" and paused):
             if decision.phase == "realtime":
