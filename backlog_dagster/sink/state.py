@@ -49,88 +49,104 @@ def state_tables(schema: str | None = None) -> StateTables:
     Made once per schema in a process: SQLAlchemy caches a statement's compiled form by
     the tables it names, so the sinks a sensor opens every tick reuse it."""
     metadata = sa.MetaData(schema=schema)
-
-    def table(name: str, *columns: sa.Column[Any], key: tuple[str, ...] = ()) -> sa.Table:
-        constraints = [sa.PrimaryKeyConstraint(*key)] if key else []
-        return sa.Table(f"backlog_{name}", metadata, *columns, *constraints)
-
-    def column(name: str, kind: sa.types.TypeEngine[Any], null: bool = False) -> sa.Column[Any]:
-        return sa.Column(name, kind, nullable=null)
-
-    def pipeline() -> sa.Column[Any]:
-        return column("pipeline", _TEXT)
-
-    def generation() -> sa.Column[Any]:
-        return column("generation", _NUMBER)
-
+    generations, buckets, phases, skips = _progress_tables(metadata)
+    commits, heartbeats, run_progress = _run_tables(metadata)
     return StateTables(
-        metadata,
-        generations=table(
-            "generations",
-            pipeline(),
-            generation(),
-            column("created_at", _SECONDS),
-            column("reason", _TEXT),
-            column("definition", _TEXT),
-            key=("pipeline", "generation"),
-        ),
-        buckets=table(
-            "buckets",
-            pipeline(),
-            generation(),
-            column("bucket", _NUMBER),
-            column("start_offset", _OFFSET),
-            column("marker", _OFFSET),
-            column("reached", _OFFSET),
-            column("event_time_us", _OFFSET, null=True),
-            key=("pipeline", "generation", "bucket"),
-        ),
-        commits=table(
-            "commits",
-            pipeline(),
-            generation(),
-            column("phase", _TEXT),
-            column("committed_at", _SECONDS),
-            column("records", _OFFSET),
-            column("joined", _TEXT, null=True),
-        ),
-        heartbeats=table(
-            "heartbeats",
-            pipeline(),
-            column("run_id", _TEXT),
-            column("at", _SECONDS),
-            key=("pipeline", "run_id"),
-        ),
-        run_progress=table(
-            "run_progress",
-            column("pipeline", _TEXT),
-            column("run_id", _TEXT),
-            column("at", _SECONDS),
-            column("progress", _TEXT),
-            key=("pipeline",),
-        ),
-        # ``id`` orders the history (on SQLite it is the rowid, which orders tables made
-        # before the column existed).
-        phases=table(
-            "phases",
-            sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True),
-            pipeline(),
-            generation(),
-            column("phase", _TEXT),
-            column("changed_at", _SECONDS),
-            column("cause", _TEXT),
-            column("lag_s", _SECONDS, null=True),
-        ),
-        skips=table(
-            "skips",
-            pipeline(),
-            generation(),
-            column("bucket", _NUMBER),
-            column("from_offset", _OFFSET),
-            column("to_offset", _OFFSET),
-            column("skipped_at", _SECONDS),
-        ),
+        metadata, generations, buckets, commits, heartbeats, run_progress, phases, skips
     )
+
+
+def _column(name: str, kind: sa.types.TypeEngine[Any], null: bool = False) -> sa.Column[Any]:
+    return sa.Column(name, kind, nullable=null)
+
+
+def _table(
+    metadata: sa.MetaData, name: str, *columns: sa.Column[Any], key: tuple[str, ...] = ()
+) -> sa.Table:
+    constraints = [sa.PrimaryKeyConstraint(*key)] if key else []
+    return sa.Table(f"backlog_{name}", metadata, *columns, *constraints)
+
+
+def _progress_tables(metadata: sa.MetaData) -> tuple[sa.Table, sa.Table, sa.Table, sa.Table]:
+    """Generations, their buckets' progress, the phase history and the skips."""
+    generations = _table(
+        metadata,
+        "generations",
+        _column("pipeline", _TEXT),
+        _column("generation", _NUMBER),
+        _column("created_at", _SECONDS),
+        _column("reason", _TEXT),
+        _column("definition", _TEXT),
+        key=("pipeline", "generation"),
+    )
+    buckets = _table(
+        metadata,
+        "buckets",
+        _column("pipeline", _TEXT),
+        _column("generation", _NUMBER),
+        _column("bucket", _NUMBER),
+        _column("start_offset", _OFFSET),
+        _column("marker", _OFFSET),
+        _column("reached", _OFFSET),
+        _column("event_time_us", _OFFSET, null=True),
+        key=("pipeline", "generation", "bucket"),
+    )
+    # ``id`` orders the history (on SQLite it is the rowid, which orders tables made
+    # before the column existed).
+    phases = _table(
+        metadata,
+        "phases",
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True),
+        _column("pipeline", _TEXT),
+        _column("generation", _NUMBER),
+        _column("phase", _TEXT),
+        _column("changed_at", _SECONDS),
+        _column("cause", _TEXT),
+        _column("lag_s", _SECONDS, null=True),
+    )
+    skips = _table(
+        metadata,
+        "skips",
+        _column("pipeline", _TEXT),
+        _column("generation", _NUMBER),
+        _column("bucket", _NUMBER),
+        _column("from_offset", _OFFSET),
+        _column("to_offset", _OFFSET),
+        _column("skipped_at", _SECONDS),
+    )
+    return generations, buckets, phases, skips
+
+
+def _run_tables(metadata: sa.MetaData) -> tuple[sa.Table, sa.Table, sa.Table]:
+    """The commits made, the runs' heartbeats and the progress they published."""
+    commits = _table(
+        metadata,
+        "commits",
+        _column("pipeline", _TEXT),
+        _column("generation", _NUMBER),
+        _column("phase", _TEXT),
+        _column("committed_at", _SECONDS),
+        _column("records", _OFFSET),
+        _column("joined", _TEXT, null=True),
+    )
+    heartbeats = _table(
+        metadata,
+        "heartbeats",
+        _column("pipeline", _TEXT),
+        _column("run_id", _TEXT),
+        _column("at", _SECONDS),
+        key=("pipeline", "run_id"),
+    )
+    run_progress = _table(
+        metadata,
+        "run_progress",
+        _column("pipeline", _TEXT),
+        _column("run_id", _TEXT),
+        _column("at", _SECONDS),
+        _column("progress", _TEXT),
+        key=("pipeline",),
+    )
+    return commits, heartbeats, run_progress
 
 
 def state_tables_missing(connection: sa.Connection, tables: StateTables) -> bool:
