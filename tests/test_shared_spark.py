@@ -24,7 +24,7 @@ from backlog_dagster.phases.micro_batch import (
 )
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import SinkUnreachable, open_sink
-from backlog_dagster.spark import servers
+from backlog_dagster.spark import home, servers
 from backlog_dagster.spark.session import SparkSettingRefused, spark_config
 from backlog_dagster.tools.sample_run import warm_up_server
 from tests.conftest import MakeTopic, append_orders
@@ -226,6 +226,23 @@ def test_a_warm_up_leaves_the_process_that_asked_for_it_free_to_start_a_local_sp
     assert re.search(r"server warmed up in \d+ s \([1-9]\d* micro-batches\)", said[-1]), said
     assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_connect_server_s_python_processes_import_the_installed_pyspark(
+    connect: servers.SparkServer,
+) -> None:
+    """The server is launched from ``spark.home``'s launch home, so the processes it starts
+    for a client's Python code import the installed PySpark, not the zipped copy."""
+    script = (
+        "import sys; from backlog_dagster.implementations import open_session; "
+        "from tests.test_spark_source import imported_pyspark; "
+        "print(imported_pyspark(open_session(sys.argv[1])))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, connect.url], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == str(home.installed_home() / "__init__.py")
 
 
 def python_daemons(server: servers.SparkServer) -> set[int]:

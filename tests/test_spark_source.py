@@ -17,6 +17,7 @@ from backlog_dagster.log import create_topic
 from backlog_dagster.source import Payload
 from backlog_dagster.source.schema import parse_ddl
 from backlog_dagster.source.spark import share_read_limit
+from backlog_dagster.spark import home
 from backlog_dagster.tools.workload import ORDERS_DDL
 from tests.conftest import MakeTopic, all_records, append_orders
 
@@ -295,3 +296,24 @@ def test_a_stream_option_that_is_not_a_positive_number_is_refused_by_name(
     source = BucketLogDataSource({"path": str(topic.path), **options})
     with pytest.raises(ValueError, match=refusal):
         source.streamReader(source.schema())
+
+
+def imported_pyspark(spark: SparkSession) -> str:
+    """Where the Python workers of ``spark`` import PySpark from."""
+    from pyspark.sql import functions as F
+
+    @F.udf("string", useArrow=False)
+    def pyspark_file(_: int) -> str:
+        import pyspark
+
+        return str(pyspark.__file__)
+
+    row = spark.range(1).select(pyspark_file("id").alias("file")).first()
+    assert row is not None
+    return str(row["file"])
+
+
+def test_spark_s_python_workers_import_the_installed_pyspark(spark: SparkSession) -> None:
+    """Not the zipped copy Spark puts first on their path, whose modules every process
+    compiles again (``spark.home``)."""
+    assert imported_pyspark(spark) == str(home.installed_home() / "__init__.py")

@@ -1,6 +1,6 @@
-"""Long-lived Spark processes, started with the pyspark installation's own launch
-scripts (or those of ``SPARK_HOME`` where it is set): a Spark Connect server and a
-standalone cluster (a master and its workers).
+"""Long-lived Spark processes, started from the pyspark installation (through
+``spark.home.launch_home``): a Spark Connect server and a standalone cluster (a master
+and its workers).
 
 Pipelines attach to them with ``spark_master: sc://host:port`` (Connect) or
 ``spark://host:port`` (standalone); a run then pays no JVM start of its own on Connect,
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backlog_dagster.spark import connect_main
-from backlog_dagster.spark.session import LAUNCH_CONF, SESSION_CONF, spark_home
+from backlog_dagster.spark.home import launch_home
+from backlog_dagster.spark.session import LAUNCH_CONF, SESSION_CONF
 from backlog_dagster.waiting import until
 
 #: Spark's Connect service as a plugin of the server's application
@@ -153,7 +154,7 @@ def _start(
 ) -> SparkServer:
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"{name.replace(' ', '-')}.log"
-    home = spark_home()
+    home = launch_home()
     environment = {
         **os.environ,
         "SPARK_HOME": str(home),

@@ -7,10 +7,10 @@ import sys
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backlog_dagster.errors import UserError
+from backlog_dagster.spark.home import spark_home
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -61,20 +61,11 @@ DEFAULT_CONF: Mapping[str, str] = {**SESSION_CONF, **LAUNCH_CONF}
 
 
 def use_this_python() -> None:
-    """Make Spark's Python workers run this interpreter, where the package is installed."""
+    """Make Spark's Python workers run this interpreter, where the package is installed,
+    and import its installed PySpark (``spark.home``)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-
-
-def spark_home() -> Path:
-    """The Spark a process started here runs: the user's ``SPARK_HOME``, else the pyspark
-    installation, which carries Spark's launch scripts and jars."""
-    given = os.environ.get("SPARK_HOME")
-    if given:
-        return Path(given)
-    import pyspark
-
-    return Path(pyspark.__file__).parent
+    os.environ["SPARK_HOME"] = str(spark_home())
 
 
 class SparkSettingRefused(ValueError, UserError):
