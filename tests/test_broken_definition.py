@@ -265,8 +265,11 @@ def the_ui_shows_the_backlog_then_the_realtime_phase(
         ["catches_up", "backlog finished"],
     )
     screenshot(browser, screenshots, "checks-streaming")
-    # The Runs list names what a run does: a backlog that went on as the realtime run.
-    page_showing(browser, f"{url}/runs", ["customer_totals_backlog_then_realtime_job"])
+    # The Runs list names what a run does (here the standby took over: a realtime run)
+    # and its tags follow the pipeline.
+    page_showing(
+        browser, f"{url}/runs", ["customer_totals_realtime_job", "backlog_dagster/phase: realtime"]
+    )
     screenshot(browser, screenshots, "runs")
     page_showing(browser, f"{url}/assets", ["customer_totals_realtime", "customer_totals_backlog"])
     screenshot(browser, screenshots, "catalog")
