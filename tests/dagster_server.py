@@ -14,6 +14,7 @@ from typing import Any
 import dagster as dg
 from dagster_graphql import DagsterGraphQLClient
 
+from backlog_dagster.components.observations import finished_buckets
 from backlog_dagster.tools import dev_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,3 +56,13 @@ def kill_run_worker(instance: dg.DagsterInstance, run_id: str) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def bucket_finishes(instance: dg.DagsterInstance, asset: str) -> list[tuple[int, int, int]]:
+    """(generation, bucket, marker) of each bucket finish the sensor reported on ``asset``."""
+    return [
+        finish
+        for r in instance.fetch_observations(dg.AssetKey(asset), limit=1000).records
+        if r.asset_observation is not None
+        for finish in finished_buckets(r.asset_observation)
+    ]

@@ -15,6 +15,7 @@ import dagster as dg
 import pytest
 
 from tests.crash import KILL_POINTS, PIPELINES, ExampleUnderTest, audit, recover, strike
+from tests.dagster_server import bucket_finishes
 
 
 @pytest.mark.dagster_dev
@@ -67,12 +68,8 @@ def test_no_record_is_lost_or_doubled_whatever_is_killed(tmp_path: Path) -> None
 
 
 def _bucket_finishes(instance: dg.DagsterInstance) -> list[tuple[str, int, int]]:
-    finishes = []
-    for pipeline in PIPELINES:
-        records = instance.fetch_observations(dg.AssetKey(f"{pipeline}_backlog"), limit=1000)
-        for record in records.records:
-            observation = record.asset_observation
-            if observation is not None and "bucket" in observation.metadata:
-                metadata = observation.metadata
-                finishes.append((pipeline, metadata["generation"].value, metadata["bucket"].value))
-    return finishes
+    return [
+        (pipeline, generation, bucket)
+        for pipeline in PIPELINES
+        for generation, bucket, _ in bucket_finishes(instance, f"{pipeline}_backlog")
+    ]

@@ -45,7 +45,7 @@ from backlog_dagster.tools.dev_server import (
 )
 from backlog_dagster.tools.mirror import mirrored
 from tests.conftest import MakeTopic, append_orders
-from tests.dagster_server import ROOT, dagster_dev, kill_run_worker, wait_for_run
+from tests.dagster_server import ROOT, bucket_finishes, dagster_dev, kill_run_worker, wait_for_run
 from tests.pipelines import assert_customer_totals, assert_region_minutes, example_config
 from tests.postgres import (
     PrivateServer,
@@ -279,8 +279,8 @@ def customer_totals_switches_with_its_own_config(
         120,
         "the sensor to note the switch",
     )
-    finishes = observations(instance, "customer_totals_backlog", "bucket")
-    assert sorted(m["bucket"].value for m in finishes) == [0, 1, 2, 3]
+    finishes = bucket_finishes(instance, "customer_totals_backlog")
+    assert sorted(bucket for _, bucket, _ in finishes) == [0, 1, 2, 3]
     switch = observations(instance, "customer_totals_realtime", "is_backlog")
     assert len(switch) == 1 and switch[0]["is_backlog"].value is False
     assert_customer_totals(configs["customer_totals"], topic.path)

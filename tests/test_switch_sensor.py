@@ -19,6 +19,7 @@ import pytest
 
 from backlog_dagster.components import switch
 from backlog_dagster.components.assets import pipeline_definitions
+from backlog_dagster.components.observations import finished_buckets
 from backlog_dagster.phases.progress import RunProgress
 from backlog_dagster.sink import open_sink
 from tests.conftest import MakeTopic
@@ -409,6 +410,11 @@ def test_finishes_and_phase_changes_are_reported_once_when_the_daemon_dies_mid_t
         assert [d for _, d in reported(finished, "BacklogFinishEvent")] == [
             f"bucket {bucket} reached its marker {state.marker:,} (generation 1; 1 bucket(s) to go)"
         ]
+        # What the demo and the tests read back from the stored observation.
+        stored = instance.fetch_observations(dg.AssetKey("customer_totals_backlog"), 100).records
+        assert [
+            f for r in stored if r.asset_observation for f in finished_buckets(r.asset_observation)
+        ] == [(1, bucket, state.marker)]
         again = tick_stored_but_not_its_cursor(first.cursor)
         assert reported(again, "BacklogFinishEvent") == []
         assert json.loads(again.cursor)["finished"] == [bucket]

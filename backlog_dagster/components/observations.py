@@ -33,7 +33,11 @@ from backlog_dagster.phases.progress import (
 
 if TYPE_CHECKING:
     from backlog_dagster.phases.realtime import RealtimeStatus
-    from backlog_dagster.sink import PhaseChange, Sink
+    from backlog_dagster.sink import BucketState, PhaseChange, Sink
+
+#: The ``event`` of the observation that reports buckets reaching their markers (the Fluss
+#: seed's name for it).
+FINISH_EVENT = "BacklogFinishEvent"
 
 
 def phase_metadata(
@@ -110,6 +114,49 @@ def backlog_observation(
             f"{progress.arrival_per_s:,.0f} records/s arriving at the source"
         )
     return dg.AssetObservation(asset_key=key, description=where, metadata=metadata)
+
+
+def finish_observation(
+    key: dg.AssetKey, generation: int, reached: list[BucketState], left: int
+) -> dg.AssetObservation:
+    """The buckets that reached their markers at one tick, each reported once."""
+    names = ", ".join(str(b.bucket) for b in reached)
+    which = (
+        f"buckets {names} reached their markers"
+        if len(reached) > 1
+        else f"bucket {names} reached its marker {reached[0].marker:,}"
+    )
+    to_go = f"{left:,} bucket(s) to go" if left else "every bucket has"
+    return dg.AssetObservation(
+        asset_key=key,
+        description=f"{which} (generation {generation}; {to_go})",
+        metadata={
+            "event": FINISH_EVENT,
+            "generation": generation,
+            "buckets": dg.MetadataValue.table(
+                records=[
+                    dg.TableRecord({"bucket": b.bucket, "marker": b.marker, "reached": b.reached})
+                    for b in reached
+                ],
+                schema=dg.TableSchema(
+                    columns=[dg.TableColumn(c, "int") for c in ("bucket", "marker", "reached")]
+                ),
+            ),
+        },
+    )
+
+
+def finished_buckets(observation: dg.AssetObservation) -> list[tuple[int, int, int]]:
+    """(generation, bucket, marker) of each bucket a finish observation reports; none for
+    any other observation."""
+    metadata = observation.metadata
+    event, generation, buckets = (metadata.get(k) for k in ("event", "generation", "buckets"))
+    if event is None or event.value != FINISH_EVENT:
+        return []
+    assert isinstance(generation, dg.IntMetadataValue) and generation.value is not None
+    assert isinstance(buckets, dg.TableMetadataValue)
+    rows = [(row.data["bucket"], row.data["marker"]) for row in buckets.records]
+    return [(generation.value, int(bucket or 0), int(marker or 0)) for bucket, marker in rows]
 
 
 def backlog_finished_metadata(

@@ -46,6 +46,7 @@ import dagster as dg
 
 from backlog_dagster.components.observations import (
     backlog_observation,
+    finish_observation,
     phase_metadata,
     phase_observation,
 )
@@ -411,37 +412,8 @@ def _finish_events(
     if not reached:
         return []
     cursor["finished"].extend(b.bucket for b in reached)
-    names = ", ".join(str(b.bucket) for b in reached)
     left = sum(not b.finished for b in generation.buckets.values())
-    which = (
-        f"buckets {names} reached their markers"
-        if len(reached) > 1
-        else f"bucket {names} reached its marker {reached[0].marker:,}"
-    )
-
-    to_go = f"{left:,} bucket(s) to go" if left else "every bucket has"
-    said = f"{which} (generation {generation.number}; {to_go})"
-    return [
-        dg.AssetObservation(
-            asset_key=key,
-            description=said,
-            metadata={
-                "event": "BacklogFinishEvent",
-                "generation": generation.number,
-                "buckets": dg.MetadataValue.table(
-                    records=[
-                        dg.TableRecord(
-                            {"bucket": b.bucket, "marker": b.marker, "reached": b.reached}
-                        )
-                        for b in reached
-                    ],
-                    schema=dg.TableSchema(
-                        columns=[dg.TableColumn(c, "int") for c in ("bucket", "marker", "reached")]
-                    ),
-                ),
-            },
-        )
-    ]
+    return [finish_observation(key, generation.number, reached, left)]
 
 
 def _not_stored_yet(

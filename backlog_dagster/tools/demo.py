@@ -346,6 +346,7 @@ class Timeline:
         """Print news for one pipeline; return 1 while its realtime run is up."""
         import dagster as dg
 
+        from backlog_dagster.components.observations import FINISH_EVENT, finished_buckets
         from backlog_dagster.components.switch import STARTED_AS_TAG, runs_of_phase
 
         with open_sink(self.pipelines[name]) as sink:
@@ -362,12 +363,11 @@ class Timeline:
         self.say(f"{name} markers", f"{name}: boundary markers taken (bucket:offset) {marks}")
         for record in instance.fetch_observations(dg.AssetKey(f"{name}_backlog"), 100).records:
             event = record.asset_observation
-            if event is not None and "bucket" in event.metadata:
-                bucket = event.metadata["bucket"].value
+            for _, bucket, marker in finished_buckets(event) if event is not None else []:
                 self.say(
                     f"{name} finish {bucket}",
-                    f"{name}: bucket {bucket} reached its marker "
-                    f"{event.metadata['marker'].value:,} (sensor: BacklogFinishEvent)",
+                    f"{name}: bucket {bucket} reached its marker {marker:,} "
+                    f"(sensor: {FINISH_EVENT})",
                 )
         for index, change in enumerate(history[1:], start=1):
             lag = "" if change.lag_s is None else f", watermark lag {change.lag_s:,.0f} s"
