@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
@@ -197,7 +198,7 @@ def _parse_whole(values: pa.Array, options: pa_json.ParseOptions) -> pa.Table | 
     object each), without a Python step per value; None to go the careful way."""
     if values.null_count or not len(values):
         return None
-    if pc.any(pc.match_substring_regex(values, "[\r\n]")).as_py():
+    if _has_line_break(values):
         return None
     lines = pa.ListArray.from_arrays(pa.array([0, len(values)], pa.int32()), values)
     joined = pc.binary_join(lines, "\n")[0].as_buffer()
@@ -206,6 +207,17 @@ def _parse_whole(values: pa.Array, options: pa_json.ParseOptions) -> pa.Table | 
     except pa.ArrowInvalid:
         return None
     return table if table.num_rows == len(values) else None
+
+
+def _has_line_break(values: pa.Array) -> bool:
+    """Whether any text holds a line break: searched in the texts' one data buffer, a
+    byte scan (a regular expression over each text cost a third of the parse)."""
+    width = np.int64 if pa.types.is_large_string(values.type) else np.int32
+    _, offsets, data = values.buffers()
+    bounds = np.frombuffer(offsets, width, len(values) + 1, values.offset * width().itemsize)
+    first, last = int(bounds[0]), int(bounds[-1])
+    held = b"" if data is None else data.to_pybytes()[first:last]
+    return b"\n" in held or b"\r" in held
 
 
 def _one_line(text: str | None) -> bytes | None:
