@@ -11,6 +11,7 @@ markers, which the log holds.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,12 +194,10 @@ class ArchiveThenLog:
             at, stop = max(start, held.file.start), min(end, held.end)
             piece = self._table(held).slice(at - held.file.start, stop - at)
             for batch in piece.to_batches(max_chunksize=BATCH_RECORDS):
-                times = self._record_times(batch)
                 yield StoredRecords(
                     records=batch,
                     offsets=pa.arange(at, at + batch.num_rows),
-                    record_times=times,
-                    appended_at=times,
+                    times=functools.partial(self._batch_times, batch),
                 )
                 at += batch.num_rows
 
@@ -273,6 +272,11 @@ class ArchiveThenLog:
         if column is None or column not in batch.schema.names:
             return pa.nulls(batch.num_rows, TIMESTAMP)
         return batch.column(column).cast(TIMESTAMP)
+
+    def _batch_times(self, batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array]:
+        """An archived record's time is also its arrival: the archive keeps no other."""
+        times = self._record_times(batch)
+        return times, times
 
     # -- Spark -------------------------------------------------------------------------
 

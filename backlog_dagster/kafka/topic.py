@@ -16,6 +16,7 @@ committed progress, and the backlog observes event times in its Spark job.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -298,7 +299,7 @@ class KafkaTopic:
     # -- records -----------------------------------------------------------------------
 
     def read_records(self, bucket: int, start: int, end: int) -> Iterator[StoredRecords]:
-        from confluent_kafka import KafkaError, TopicPartition
+        from confluent_kafka import KafkaError, Message, TopicPartition
 
         if start > end:
             raise SourceError(f"partition {bucket}: range [{start}, {end}) is reversed")
@@ -310,17 +311,19 @@ class KafkaTopic:
         progress_at = time.monotonic()
         try:
             while position < end:
-                rows: list[Message] = []
                 # Ask no more than the range can hold: consume returns when it has them.
                 wanted = max(1, min(BATCH_RECORDS, end - position))
-                for message in consumer.consume(wanted, timeout=1.0):
-                    error = message.error()
-                    if error is None:
-                        rows.append(message)
-                    elif error.code() == KafkaError._PARTITION_EOF:
-                        position = max(position, message.offset() or 0)
-                    else:
-                        raise self._read_error(bucket, start, end, error.str())
+                rows = consumer.consume(wanted, timeout=1.0)
+                if any(map(Message.error, rows)):  # an end of partition, or a failure
+                    events, rows = rows, []
+                    for message in events:
+                        error = message.error()
+                        if error is None:
+                            rows.append(message)
+                        elif error.code() == KafkaError._PARTITION_EOF:
+                            position = max(position, message.offset() or 0)
+                        else:
+                            raise self._read_error(bucket, start, end, error.str())
                 # Offsets increase: records past the range can only be at the tail.
                 while rows and (rows[-1].offset() or 0) >= end:
                     rows.pop()
@@ -349,15 +352,14 @@ class KafkaTopic:
             consumer.unassign()
 
     def _stored(self, rows: list[Message]) -> StoredRecords:
-        from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
+        """One batch of a partition's messages, with a Python call per message only for
+        what the batch holds (each ``Message`` getter is one): values, and offsets where
+        markers or gaps leave them not dense; record times only when asked."""
+        from confluent_kafka import Message
 
-        times = []
-        for message in rows:
-            kind, millis = message.timestamp()
-            times.append(None if kind == TIMESTAMP_NOT_AVAILABLE else millis)
-        record_times = pa.array(times, pa.timestamp("ms", tz="UTC")).cast(TIMESTAMP)
+        values = pa.array(list(map(Message.value, rows)), pa.binary())
+        times = functools.cache(functools.partial(_record_times, rows))
         if self.payload is Payload.JSON:
-            values = pa.array([m.value() for m in rows], pa.binary())
             try:
                 texts = values.cast(pa.string())  # checks the UTF-8 natively
             except pa.ArrowInvalid:
@@ -367,19 +369,14 @@ class KafkaTopic:
             headers = [[{"key": k, "value": v} for k, v in _header_pairs(m)] for m in rows]
             records = pa.record_batch(
                 [
-                    pa.array([m.key() for m in rows], pa.binary()),
-                    pa.array([m.value() for m in rows], pa.binary()),
+                    pa.array(list(map(Message.key, rows)), pa.binary()),
+                    values,
                     pa.array(headers, RAW_SCHEMA.field("headers").type),
-                    record_times,
+                    times()[0],
                 ],
                 schema=RAW_SCHEMA,
             )
-        return StoredRecords(
-            records=records,
-            offsets=pa.array([m.offset() for m in rows], pa.int64()),
-            record_times=record_times,
-            appended_at=record_times,
-        )
+        return StoredRecords(records=records, offsets=_offsets(rows), times=times)
 
     # -- Spark -------------------------------------------------------------------------
 
@@ -532,6 +529,26 @@ class KafkaTopic:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _offsets(rows: list[Message]) -> pa.Array:
+    """The messages' offsets (int64). A partition's offsets increase, so a first and a
+    last that far apart are every offset between: no call per message then."""
+    first, last = rows[0].offset() or 0, rows[-1].offset() or 0
+    if last - first == len(rows) - 1:
+        return pa.arange(first, last + 1)
+    return pa.array([m.offset() for m in rows], pa.int64())
+
+
+def _record_times(rows: list[Message]) -> tuple[pa.Array, pa.Array]:
+    """The messages' Kafka timestamps (TIMESTAMP, null where the broker has none), which
+    are both their record time and their arrival."""
+    from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
+
+    stamps = (m.timestamp() for m in rows)
+    millis = [None if kind == TIMESTAMP_NOT_AVAILABLE else at for kind, at in stamps]
+    times = pa.array(millis, pa.timestamp("ms", tz="UTC")).cast(TIMESTAMP)
+    return times, times
 
 
 def _header_pairs(message: Message) -> list[tuple[str, bytes | None]]:

@@ -10,6 +10,7 @@ A topic is the embedded log's implementation of the ``Source`` contract
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping
@@ -135,10 +136,14 @@ class Topic:
             yield StoredRecords(
                 records=stored,
                 offsets=pa.arange(offset, offset + rows),
-                record_times=stored.column(self.timestamp_column),
-                appended_at=pa.repeat(pa.scalar(round(appended_at * 1_000_000), TIMESTAMP), rows),
+                times=functools.partial(self._times, stored, appended_at),
             )
             offset += rows
+
+    def _times(self, stored: pa.RecordBatch, appended_at: float) -> tuple[pa.Array, pa.Array]:
+        """A batch's record times, and its append's time for each record."""
+        at = pa.scalar(round(appended_at * 1_000_000), TIMESTAMP)
+        return stored.column(self.timestamp_column), pa.repeat(at, stored.num_rows)
 
     def arrivals(self, bucket_id: int, since: float, until: float = float("inf")) -> Arrivals:
         return self.bucket(bucket_id).arrivals(since, until)

@@ -13,7 +13,8 @@ record's offset, and progress is always a position.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import functools
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
@@ -81,11 +82,20 @@ class StoredRecords:
     records: pa.RecordBatch
     #: Each record's offset (int64, increasing, not always dense).
     offsets: pa.Array
-    #: Each record's time as the source keeps it (TIMESTAMP): the log's timestamp
-    #: column, Kafka's record timestamp. Readable as ``_timestamp``.
-    record_times: pa.Array
-    #: When each record arrived (TIMESTAMP). Readable as ``_appended_at``.
-    appended_at: pa.Array
+    #: ``(record_times, appended_at)``, made when first asked: a read that does not ask
+    #: for them does not pay for them (Kafka's take a Python call per record).
+    times: Callable[[], tuple[pa.Array, pa.Array]]
+
+    @functools.cached_property
+    def record_times(self) -> pa.Array:
+        """Each record's time as the source keeps it (TIMESTAMP): the log's timestamp
+        column, Kafka's record timestamp. Readable as ``_timestamp``."""
+        return self.times()[0]
+
+    @functools.cached_property
+    def appended_at(self) -> pa.Array:
+        """When each record arrived (TIMESTAMP). Readable as ``_appended_at``."""
+        return self.times()[1]
 
 
 class Source(Protocol):
