@@ -236,6 +236,7 @@ def _markdown(results: dict[str, Any]) -> str:
     rows = case_rows([(LABELS[name], cases[name]) for name in LABELS])
     ratio_rows = "\n".join(f"| {LABELS[name]} | {ratios[name]:.2f} |" for name in LABELS)
     spent = results["kafka_backlog_core_seconds"]
+    settings = ", ".join(f"`{k}={v}`" for k, v in results["bare_client_settings"].items())
     million = results["records"] / 1e6
     spent_rows = "\n".join(
         f"| {kind.replace('_', ' ')} | {seconds:.2f} | {seconds / million:.2f} |"
@@ -251,7 +252,7 @@ loopback; {results["partitions"]} partitions, as the mock keeps 5 MB a partition
 zstd-compressed JSON values), every case over the same broker, records and offsets in
 one run, alternating, {results["repeat"]} times each after a warm-up, in one warm Spark
 session (`local[*]`). The bare client runs {results["bare_client_processes"]} processes
-with `{results["bare_client_settings"]}` (`bench/bare_kafka.py`).
+with {settings} (`bench/bare_kafka.py`).
 
 | case | samples (s) | median (s) | records/s |
 | --- | --- | --- | --- |
