@@ -128,9 +128,13 @@ def test_a_run_refused_by_hand_hides_no_active_run_and_only_own_failures_wait(
                 f"; the backlog run {failing.run_id} failed soon after it started; retrying "
                 f"{wait} s after it ended"
             )
-            monkeypatch.setattr(switch, "time", Later(wait - 1))
+            # The sensor's clock set from the failure's end (a tick on a busy machine takes
+            # a second or more, so a clock running from now could pass the wait).
+            ended = instance.get_run_stats(failing.run_id).end_time
+            assert ended is not None
+            monkeypatch.setattr(switch, "time", At(ended + wait - 1))
             assert tick(instance).run_requests == []
-            monkeypatch.setattr(switch, "time", Later(wait + 1))
+            monkeypatch.setattr(switch, "time", At(ended + wait + 1))
             assert [r.job_name for r in tick(instance).run_requests] == [JOB]
             monkeypatch.setattr(switch, "time", time)
         # A run that worked longer before it failed starts the count again.
@@ -148,17 +152,17 @@ def test_a_run_refused_by_hand_hides_no_active_run_and_only_own_failures_wait(
         assert tick(instance).skip_reason.skip_message.endswith("retrying 5 s after it ended")
 
 
-class Later:
-    """The ``time`` module as the switch sensor sees it, ``seconds`` later."""
+class At:
+    """The ``time`` module as the switch sensor sees it, its clock stopped at ``moment``."""
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+    def __init__(self, moment: float) -> None:
+        self.moment = moment
 
     def __getattr__(self, name: str) -> Any:
         return getattr(time, name)
 
     def time(self) -> float:
-        return time.time() + self.seconds
+        return self.moment
 
 
 def test_a_definition_that_does_not_fit_its_source_takes_no_markers(
