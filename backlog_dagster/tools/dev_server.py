@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -120,15 +121,35 @@ def with_project_instance(project: Path, home: Path) -> None:
         target.write_text(yaml.safe_dump(merged, sort_keys=False))
 
 
-def stop_dagster_dev(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the whole session (daemon, webserver, code server, runs); SIGKILL after 60 s."""
+def stop_dagster_dev(process: subprocess.Popen[bytes], patience: float = 60) -> None:
+    """SIGTERM the whole session (daemon, webserver, code server, runs) and wait for every
+    process of it, not only ``dagster dev``; SIGKILL what is left after ``patience`` s.
+
+    A code server goes on shutting down after ``dagster dev`` has ended: it reports the
+    runs it launched to Dagster's storage first. Left to itself once the caller went on to
+    stop that storage's server, it waited for it for ever (seen after the tests)."""
+    session = _processes(processes_under(process.pid))
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
+    deadline = time.monotonic() + patience
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=patience)
+    _, left = psutil.wait_procs(session, timeout=max(0.0, deadline - time.monotonic()))
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    for survivor in left:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            survivor.kill()
+    process.wait()
+
+
+def _processes(pids: set[int]) -> list[psutil.Process]:
+    """The processes of ``pids`` that are still there."""
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            found.append(psutil.Process(pid))
+    return found
 
 
 def processes_under(root: int) -> set[int]:
