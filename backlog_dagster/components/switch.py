@@ -283,9 +283,35 @@ def _look(
     history = sink.phase_history()
     once += _phase_events(history, cursor, asset_of, config, now)
     events = _not_stored_yet(context.instance, once)
+    streaming = bool(history) and history[-1].phase == "realtime"
+    materialized = (
+        _latest_materialization(context.instance, asset_of["realtime"]) if streaming else None
+    )
+    if streaming and materialized != cursor.get(CHECKED_MATERIALIZATION, materialized):
+        cursor.pop("reported_at", None)  # keeps_up is due again
     where, reports = _where(config, sink, generation, lag, history, cursor, now, asset_of)
+    if streaming and any(isinstance(r, dg.AssetCheckEvaluation) for r in reports):
+        cursor[CHECKED_MATERIALIZATION] = materialized
     standby_due = _standby_due(config, sink, generation, now)
     return _Seen(generation, cursor, where, events + reports, standby_due)
+
+
+#: The cursor's key for the realtime asset's latest materialization when ``keeps_up`` was
+#: last evaluated (its storage id in Dagster's event log).
+CHECKED_MATERIALIZATION = "keeps_up_after"
+
+
+def _latest_materialization(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:
+    """The storage id of ``key``'s latest materialization, if any.
+
+    Dagster's catalog and lineage count a check as evaluated only when its evaluation came
+    after the asset's latest materialization (``AssetCheckExecutionRecord.
+    targets_latest_materialization``); the realtime run materializes its asset every
+    ``switch.report_every``, so ``keeps_up`` evaluated on its own clock showed as not
+    evaluated ("0 / 1 passed") most of the time. It is evaluated again at the tick after
+    each materialization."""
+    records = instance.fetch_materializations(key, limit=1).records
+    return records[0].storage_id if records else None
 
 
 def _markers(
