@@ -351,7 +351,7 @@ def test_a_backlog_run_that_went_on_as_realtime_is_the_realtime_run(
     def tick(instance: dg.DagsterInstance, cursor: Any) -> Any:
         return sensor(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
 
-    def keeps_up(result: Any) -> list[dg.AssetCheckEvaluation]:
+    def checks(result: Any) -> list[dg.AssetCheckEvaluation]:
         return [e for e in result.asset_events if isinstance(e, dg.AssetCheckEvaluation)]
 
     with dg.instance_for_test() as instance:
@@ -359,16 +359,21 @@ def test_a_backlog_run_that_went_on_as_realtime_is_the_realtime_run(
         serving = tick(instance, cursor)
         assert serving.run_requests == []
         assert serving.skip_reason.skip_message.endswith(f"realtime run {run.run_id} is active")
-        # keeps_up is evaluated again at the tick after each materialization of the
-        # realtime asset (Dagster shows a check evaluated before the asset's latest
+        # Each phase asset's check is evaluated again at the tick after its asset's
+        # materialization (Dagster shows a check evaluated before the asset's latest
         # materialization as not evaluated), and not at a tick without one.
-        assert not keeps_up(tick(instance, serving.cursor))
-        key = dg.AssetKey("customer_totals_realtime")
-        instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=key))
-        after = tick(instance, serving.cursor)
-        [evaluation] = keeps_up(after)
-        assert evaluation.asset_key == key and evaluation.passed
-        assert not keeps_up(tick(instance, after.cursor))
+        assert not checks(tick(instance, serving.cursor))
+        for asset, check in (("realtime", "keeps_up"), ("backlog", "catches_up")):
+            key = dg.AssetKey(f"customer_totals_{asset}")
+            instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=key))
+            after = tick(instance, serving.cursor)
+            [evaluation] = checks(after)
+            assert (evaluation.asset_key, evaluation.check_name) == (key, check)
+            assert evaluation.passed
+            serving = tick(instance, after.cursor)
+            assert not checks(serving)
+        assert evaluation.description is not None
+        assert evaluation.description.startswith("backlog finished; realtime since ")
         # Its process died after it had served a while: realtime starts again at once.
         instance.report_run_failed(run)
         restarted = tick(instance, serving.cursor)

@@ -284,21 +284,27 @@ def _look(
     once += _phase_events(history, cursor, asset_of, config, now)
     events = _not_stored_yet(context.instance, once)
     streaming = bool(history) and history[-1].phase == "realtime"
-    materialized = (
-        _latest_materialization(context.instance, asset_of["realtime"]) if streaming else None
-    )
-    if streaming and materialized != cursor.get(CHECKED_MATERIALIZATION, materialized):
-        cursor.pop("reported_at", None)  # keeps_up is due again
+    latest: dict[str, int | None] = {}
+    if streaming:
+        latest = {p: _latest_materialization(context.instance, k) for p, k in asset_of.items()}
+        checked = cursor.setdefault(CHECKED_MATERIALIZATION, {})
+        if latest["realtime"] != checked.setdefault("realtime", latest["realtime"]):
+            cursor.pop("reported_at", None)  # keeps_up is due again
+        if latest["backlog"] != checked.setdefault("backlog", latest["backlog"]):
+            # The backlog run materialized its asset after the switch was reported.
+            said = f"backlog finished; {_said(history[-1])}"
+            events.append(catches_up(asset_of["backlog"], True, said))
+            checked["backlog"] = latest["backlog"]
     where, reports = _where(config, sink, generation, lag, history, cursor, now, asset_of)
     if streaming and any(isinstance(r, dg.AssetCheckEvaluation) for r in reports):
-        cursor[CHECKED_MATERIALIZATION] = materialized
+        cursor[CHECKED_MATERIALIZATION]["realtime"] = latest["realtime"]
     standby_due = _standby_due(config, sink, generation, now)
     return _Seen(generation, cursor, where, events + reports, standby_due)
 
 
-#: The cursor's key for the realtime asset's latest materialization when ``keeps_up`` was
-#: last evaluated (its storage id in Dagster's event log).
-CHECKED_MATERIALIZATION = "keeps_up_after"
+#: The cursor's key for each phase asset's latest materialization when its check was
+#: last evaluated (their storage ids in Dagster's event log).
+CHECKED_MATERIALIZATION = "checked_after"
 
 
 def _latest_materialization(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:
@@ -308,8 +314,9 @@ def _latest_materialization(instance: dg.DagsterInstance, key: dg.AssetKey) -> i
     after the asset's latest materialization (``AssetCheckExecutionRecord.
     targets_latest_materialization``); the realtime run materializes its asset every
     ``switch.report_every``, so ``keeps_up`` evaluated on its own clock showed as not
-    evaluated ("0 / 1 passed") most of the time. It is evaluated again at the tick after
-    each materialization."""
+    evaluated ("0 / 1 passed") most of the time, and ``catches_up`` did once the backlog
+    run materialized its asset after the switch was reported. Each is evaluated again at
+    the tick after its asset's materialization."""
     records = instance.fetch_materializations(key, limit=1).records
     return records[0].storage_id if records else None
 
@@ -533,7 +540,7 @@ def _phase_events(
     events: list[dg.AssetObservation | dg.AssetCheckEvaluation] = []
     for index in range(cursor.get("reported", 0), len(history)):
         change = history[index]
-        said = f"{change.phase} since {clock(change.changed_at)}: {change.cause}"
+        said = _said(change)
         metadata: dict[str, Any] = {
             **phase_metadata(change.phase, change.changed_at, change.generation, said),
             "event": "RecordAttributes",
@@ -560,6 +567,11 @@ def _phase_events(
             events.append(not_streaming(asset_of["realtime"], said))
     cursor["reported"] = len(history)
     return events
+
+
+def _said(change: PhaseChange) -> str:
+    """A phase change in one line: the phase entered, when, and why."""
+    return f"{change.phase} since {clock(change.changed_at)}: {change.cause}"
 
 
 def catches_up(key: dg.AssetKey, passed: bool, state: str) -> dg.AssetCheckEvaluation:
