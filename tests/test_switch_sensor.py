@@ -19,8 +19,9 @@ import pytest
 
 from backlog_dagster.components import switch
 from backlog_dagster.components.assets import pipeline_definitions
-from backlog_dagster.components.observations import finished_buckets
+from backlog_dagster.components.observations import finished_buckets, realtime_reporter
 from backlog_dagster.phases.progress import RunProgress
+from backlog_dagster.phases.realtime import RealtimeStatus
 from backlog_dagster.sink import open_sink
 from tests.conftest import MakeTopic
 from tests.pipelines import CUSTOMER_TOTALS, pipeline
@@ -359,25 +360,32 @@ def test_a_backlog_run_that_went_on_as_realtime_is_the_realtime_run(
         serving = tick(instance, cursor)
         assert serving.run_requests == []
         assert serving.skip_reason.skip_message.endswith(f"realtime run {run.run_id} is active")
-        # Each phase asset's check is evaluated again at the tick after its asset's
-        # materialization (Dagster shows a check evaluated before the asset's latest
-        # materialization as not evaluated), and not at a tick without one.
+        # While the realtime run is active it evaluates keeps_up itself, and the sensor
+        # does not, even when its own report is due. A backlog run that materialized its
+        # asset after the switch was reported finished: catches_up passes again at the
+        # next tick, after it (Dagster shows a check evaluated before its asset's latest
+        # materialization as not evaluated).
         assert not checks(tick(instance, serving.cursor))
-        for asset, check in (("realtime", "keeps_up"), ("backlog", "catches_up")):
-            key = dg.AssetKey(f"customer_totals_{asset}")
-            instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=key))
-            after = tick(instance, serving.cursor)
-            [evaluation] = checks(after)
-            assert (evaluation.asset_key, evaluation.check_name) == (key, check)
-            assert evaluation.passed
-            serving = tick(instance, after.cursor)
-            assert not checks(serving)
-        assert evaluation.description is not None
+        long_ago = json.dumps(
+            json.loads(serving.cursor) | {"reported_at": "2000-01-01 00:00:00 UTC"}
+        )
+        assert not checks(tick(instance, long_ago))
+        backlog = dg.AssetKey("customer_totals_backlog")
+        instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=backlog))
+        after = tick(instance, serving.cursor)
+        [evaluation] = checks(after)
+        assert (evaluation.asset_key, evaluation.check_name) == (backlog, "catches_up")
+        assert evaluation.passed and evaluation.description is not None
         assert evaluation.description.startswith("backlog finished; realtime since ")
-        # Its process died after it had served a while: realtime starts again at once.
+        serving = tick(instance, after.cursor)
+        assert not checks(serving)
+        # Its process died after it had served a while: realtime starts again at once,
+        # and until the next run reports, the sensor evaluates keeps_up.
         instance.report_run_failed(run)
-        restarted = tick(instance, serving.cursor)
+        due = json.loads(serving.cursor) | {"reported_at": "2000-01-01 00:00:00 UTC"}
+        restarted = tick(instance, json.dumps(due))
         assert [r.job_name for r in restarted.run_requests] == ["customer_totals_realtime_job"]
+        assert [(e.check_name, e.passed) for e in checks(restarted)] == [("keeps_up", True)]
 
     for sink_file in tmp_path.glob("results.sqlite*"):  # the pipeline starts afresh
         sink_file.unlink()
@@ -389,6 +397,43 @@ def test_a_backlog_run_that_went_on_as_realtime_is_the_realtime_run(
         assert f"the realtime run {run.run_id} was cancelled by a user" in (
             paused.skip_reason.skip_message
         )
+
+
+def test_a_realtime_run_evaluates_keeps_up_right_after_each_status_it_materializes(
+    make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """The check follows the materialization, so Dagster counts it as evaluated against
+    the asset's latest; before the switch (a standby's status) there is none."""
+    make_topic(records=1_000, buckets=2)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    defs = pipeline_definitions(config)
+    sensor = defs.resolve_sensor_def("customer_totals_switch")
+    key = dg.AssetKey("customer_totals_realtime")
+    with dg.instance_for_test() as instance, open_sink(config) as sink:
+        first = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
+        events: list[Any] = []
+        check = switch.realtime_keeps_up(config, sink, instance, key)
+        report = realtime_reporter(key, sink, 0.0, events.append, check)
+        report(RealtimeStatus(offsets={0: 0, 1: 0}))  # a standby's, in backlog
+        generation = sink.current_generation()
+        assert generation is not None
+        sink.record_phase(generation.number, "realtime", "every bucket reached its marker", None)
+        # Not before the sensor's report of the switch is stored: a record of the sensor's
+        # after the run's would hide the run's.
+        report(RealtimeStatus(offsets={0: 500, 1: 500}))
+        assert [type(e) for e in events] == [dg.AssetMaterialization] * 2
+        switched = sensor(
+            dg.build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs)
+        )
+        for event in switched.asset_events:  # stored, as the daemon does
+            instance.report_runless_asset_event(event)
+        report(RealtimeStatus(offsets={0: 500, 1: 500}))
+        materialized, evaluation = events[2:]
+        assert isinstance(materialized, dg.AssetMaterialization)
+        assert isinstance(evaluation, dg.AssetCheckEvaluation)
+        assert (evaluation.asset_key, evaluation.check_name) == (key, "keeps_up")
+        assert evaluation.passed and evaluation.description is not None
+        assert evaluation.description.startswith("streaming, lag ")
 
 
 def test_finishes_and_phase_changes_are_reported_once_when_the_daemon_dies_mid_tick(

@@ -229,7 +229,9 @@ def phase_jobs(
     return [
         dg.define_asset_job(
             names[phase],
-            selection=dg.AssetSelection.assets(*selections[phase]),
+            # Checks are evaluated by the sensor and the realtime run, never as steps
+            # (``realtime_keeps_up`` says why).
+            selection=dg.AssetSelection.assets(*selections[phase]).without_checks(),
             executor_def=dg.in_process_executor,
             description=description,
         )
@@ -573,6 +575,7 @@ def _realtime_until_cancelled(
         realtime_ended_metadata,
         realtime_reporter,
     )
+    from backlog_dagster.components.switch import realtime_keeps_up
     from backlog_dagster.phases.realtime import RealtimeRun, run_realtime
 
     sink, status_sink = sinks
@@ -591,8 +594,13 @@ def _realtime_until_cancelled(
         armed = _standby_until_switch(context, (pipeline, realtime), number, run, on, standby)
         if armed is None:
             return None
+    key = context.asset_key
     report = realtime_reporter(
-        context.asset_key, status_sink, pipeline.switch.report_every, context.log_event
+        key,
+        status_sink,
+        pipeline.switch.report_every,
+        context.log_event,
+        realtime_keeps_up(pipeline, status_sink, context.instance, key),
     )
     status = run_realtime(
         spark,
@@ -653,9 +661,10 @@ def keeps_up_check(
         "first. Warns while it is not streaming yet (catching up) and when realtime does "
         "not keep up with the input: its offset lag grew over switch.keeps_up_window, its "
         "watermark lag is over the threshold, or the pipeline keeps going back into "
-        "backlog. The switch sensor evaluates it every switch.report_every, at once when "
-        "its verdict changes, and at each phase change; run by hand, it reads the phase "
-        "history and the watermark lag now.",
+        "backlog. While the pipeline streams the realtime run evaluates it with each "
+        "status it writes and when its verdict changes; the switch sensor during the "
+        "backlog every switch.report_every and at each phase change, and while no realtime "
+        "run is active; run by hand, it reads the phase history and the watermark lag now.",
     )
     def keeps_up() -> dg.AssetCheckResult:
         from backlog_dagster.components.switch import keeps_up_verdict

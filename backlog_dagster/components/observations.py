@@ -249,21 +249,28 @@ def realtime_reporter(
     key: dg.AssetKey,
     sink: Sink,
     report_every: float,
-    log_event: Callable[[dg.AssetMaterialization], None],
+    log_event: Callable[[dg.AssetMaterialization | dg.AssetCheckEvaluation], None],
+    check: Callable[[], dg.AssetCheckEvaluation | None] = lambda: None,
 ) -> Callable[[RealtimeStatus], None]:
     """The realtime run's ``on_status``: a materialization when something worth knowing
     changed (a bucket appeared, records were set aside as late or bad), else one every
-    ``report_every`` seconds."""
-    last: dict[str, Any] = {"at": -math.inf, "seen": None}
+    ``report_every`` seconds, each followed by ``check``'s evaluation; the evaluation
+    alone at a status where its verdict changed."""
+    last: dict[str, Any] = {"at": -math.inf, "seen": None, "passed": None}
 
     def report(status: RealtimeStatus) -> None:
         seen = (tuple(sorted(status.offsets)), status.late_records, status.bad_records)
         now = time.monotonic()
-        if seen == last["seen"] and now - last["at"] < report_every:
+        evaluation = check()
+        if seen != last["seen"] or now - last["at"] >= report_every:
+            last.update(at=now, seen=seen)
+            metadata = realtime_metadata(status, _since(sink.phase_history()), _generation(sink))
+            description = str(metadata["where"].value)
+            log_event(dg.AssetMaterialization(key, description=description, metadata=metadata))
+        elif evaluation is None or evaluation.passed == last["passed"]:
             return
-        last.update(at=now, seen=seen)
-        metadata = realtime_metadata(status, _since(sink.phase_history()), _generation(sink))
-        description = str(metadata["where"].value)
-        log_event(dg.AssetMaterialization(key, description=description, metadata=metadata))
+        if evaluation is not None:
+            last["passed"] = evaluation.passed
+            log_event(evaluation)
 
     return report

@@ -17,8 +17,9 @@ where the watermark-lag strategy needs it:
   history (FLIP-309's isProcessingBacklog) with its cause and the lag it was decided on;
   the way back starts a new generation from the committed offsets to new markers;
 - each phase-history row is reported once as a ``RecordAttributes`` observation on the
-  asset of the phase entered, with the history so far, and the ``keeps_up`` check says
-  whether the pipeline is flapping;
+  asset of the phase entered, with the history so far, and both checks say the phase
+  entered (once realtime is entered and reported, its run evaluates ``keeps_up``: a
+  Dagster check counts against a materialization of the same run);
 - one run of the phase at a time: requested when none is active (after the other
   phase's run has stopped), not restarted after a user cancelled a realtime run until
   the sensor is turned off and on. A backlog run that went on as the realtime run (its
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,7 +74,7 @@ from backlog_dagster.phases.progress import (
 )
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import Generation, PhaseChange, Sink, open_sink
-from backlog_dagster.source import SourceError
+from backlog_dagster.source import Source, SourceError
 
 #: A run whose own code failed within this long of its start failed early: the next
 #: one waits after it ended, 5 s after the first such failure in a row and twice as
@@ -281,44 +282,56 @@ def _look(
     generation, lag = _decide(context, config, sink, generation, cursor, now, paused, last)
     cursor = _for_generation(cursor, generation.number)
     history = sink.phase_history()
-    once += _phase_events(history, cursor, asset_of, config, now)
+    once += _phase_events(history, cursor, asset_of, config)
     events = _not_stored_yet(context.instance, once)
-    streaming = bool(history) and history[-1].phase == "realtime"
-    latest: dict[str, int | None] = {}
-    if streaming:
-        latest = {p: _latest_materialization(context.instance, k) for p, k in asset_of.items()}
-        checked = cursor.setdefault(CHECKED_MATERIALIZATION, {})
-        if latest["realtime"] != checked.setdefault("realtime", latest["realtime"]):
-            cursor.pop("reported_at", None)  # keeps_up is due again
-        if latest["backlog"] != checked.setdefault("backlog", latest["backlog"]):
-            # The backlog run materialized its asset after the switch was reported.
-            said = f"backlog finished; {_said(history[-1])}"
-            events.append(catches_up(asset_of["backlog"], True, said))
-            checked["backlog"] = latest["backlog"]
+    if history and history[-1].phase == "realtime":
+        events += _after_materializations(context.instance, cursor, asset_of, history)
     where, reports = _where(config, sink, generation, lag, history, cursor, now, asset_of)
-    if streaming and any(isinstance(r, dg.AssetCheckEvaluation) for r in reports):
-        cursor[CHECKED_MATERIALIZATION]["realtime"] = latest["realtime"]
+    run = last["realtime"]
+    if history and history[-1].phase == "realtime" and run is not None and not run.is_finished:
+        # The realtime run evaluates keeps_up itself (``realtime_keeps_up``).
+        reports = [r for r in reports if not isinstance(r, dg.AssetCheckEvaluation)]
     standby_due = _standby_due(config, sink, generation, now)
     return _Seen(generation, cursor, where, events + reports, standby_due)
 
 
-#: The cursor's key for each phase asset's latest materialization when its check was
-#: last evaluated (their storage ids in Dagster's event log).
+def _after_materializations(
+    instance: dg.DagsterInstance,
+    cursor: dict[str, Any],
+    asset_of: dict[str, dg.AssetKey],
+    history: list[PhaseChange],
+) -> list[dg.AssetCheckEvaluation]:
+    """While streaming, ``catches_up`` passes with "backlog finished": at the first tick
+    in realtime and again after each later materialization of the backlog asset (a
+    backlog run that went on past the switch materializes it as its backlog step ends),
+    each evaluation aimed at that materialization (``_latest_materialization``)."""
+    latest = _latest_materialization(instance, asset_of["backlog"])
+    checked = cursor.setdefault(CHECKED_MATERIALIZATION, {})
+    at = None if latest is None else latest.storage_id
+    if "backlog" in checked and checked["backlog"] == at:
+        return []
+    checked["backlog"] = at
+    said = f"backlog finished; {_said(history[-1])}"
+    return [catches_up(asset_of["backlog"], True, said, latest)]
+
+
+#: The cursor's key for the backlog asset's latest materialization the sensor has seen
+#: (its storage id in Dagster's event log).
 CHECKED_MATERIALIZATION = "checked_after"
 
 
-def _latest_materialization(instance: dg.DagsterInstance, key: dg.AssetKey) -> int | None:
-    """The storage id of ``key``'s latest materialization, if any.
+def _latest_materialization(
+    instance: dg.DagsterInstance, key: dg.AssetKey
+) -> dg.EventLogRecord | None:
+    """``key``'s latest materialization, if any.
 
-    Dagster's catalog and lineage count a check as evaluated only when its evaluation came
-    after the asset's latest materialization (``AssetCheckExecutionRecord.
-    targets_latest_materialization``); the realtime run materializes its asset every
-    ``switch.report_every``, so ``keeps_up`` evaluated on its own clock showed as not
-    evaluated ("0 / 1 passed") most of the time, and ``catches_up`` did once the backlog
-    run materialized its asset after the switch was reported. Each is evaluated again at
-    the tick after its asset's materialization."""
+    Dagster's catalog and lineage count a check as passed only when it was evaluated
+    in the same run as the asset's latest materialization, or aimed at it, or (failing
+    both) stored after it, by timestamps the event log keeps to the second
+    (``AssetCheckExecutionRecord.targets_latest_materialization``).
+    """
     records = instance.fetch_materializations(key, limit=1).records
-    return records[0].storage_id if records else None
+    return records[0] if records else None
 
 
 def _markers(
@@ -534,9 +547,8 @@ def _phase_events(
     cursor: dict[str, Any],
     asset_of: dict[str, dg.AssetKey],
     config: PipelineConfig,
-    now: float,
 ) -> list[dg.AssetObservation | dg.AssetCheckEvaluation]:
-    """Each phase change not reported yet, once, with the history so far and the check."""
+    """Each phase change not reported yet, once, with the history so far and the checks."""
     events: list[dg.AssetObservation | dg.AssetCheckEvaluation] = []
     for index in range(cursor.get("reported", 0), len(history)):
         change = history[index]
@@ -559,10 +571,9 @@ def _phase_events(
         events.append(
             phase_observation(other, change.phase, change.changed_at, change.generation, said)
         )
-        if change.phase == "realtime":
-            events.append(catches_up(asset_of["backlog"], True, f"backlog finished; {said}"))
-            events.append(keeps_up(history[: index + 1], asset_of["realtime"], now))
-        else:
+        # Entering realtime, keeps_up comes from the realtime run once this is stored
+        # (``phase_reported``), catches_up from ``_after_materializations``.
+        if change.phase == "backlog":
             events.append(catches_up(asset_of["backlog"], True, f"catching up; {said}"))
             events.append(not_streaming(asset_of["realtime"], said))
     cursor["reported"] = len(history)
@@ -574,15 +585,28 @@ def _said(change: PhaseChange) -> str:
     return f"{change.phase} since {clock(change.changed_at)}: {change.cause}"
 
 
-def catches_up(key: dg.AssetKey, passed: bool, state: str) -> dg.AssetCheckEvaluation:
+def catches_up(
+    key: dg.AssetKey, passed: bool, state: str, target: dg.EventLogRecord | None = None
+) -> dg.AssetCheckEvaluation:
     """The backlog asset's ``catches_up`` check: the backlog's state in its description;
-    a warning while it reads slower than records arrive."""
+    a warning while it reads slower than records arrive. ``target``: the asset's
+    materialization it is about."""
+    # Dagster's own pointer to a materialization (not exported; Dagster is pinned to 1.13).
+    from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+        AssetCheckEvaluationTargetMaterializationData,
+    )
+
     return dg.AssetCheckEvaluation(
         asset_key=key,
         check_name="catches_up",
         passed=passed,
         severity=dg.AssetCheckSeverity.WARN,
         description=catches_up_description(passed, state),
+        target_materialization_data=None
+        if target is None
+        else AssetCheckEvaluationTargetMaterializationData(
+            storage_id=target.storage_id, run_id=target.run_id, timestamp=target.timestamp
+        ),
     )
 
 
@@ -741,26 +765,91 @@ def _where(
             reports.append(catches_up(asset_of["backlog"], gaining(progress), where))
             reports.append(not_streaming(asset_of["realtime"], where))
         return where, reports
-    with open_source(config) as topic:
-        lag = realtime_lag(generation, topic.latest_offsets(), mark, config)
-    window = config.switch.keeps_up_window
     held = [(from_clock(t), int(n)) for t, n in cursor.get("lag_samples", [])]
-    samples = [(t, n) for t, n in held if t >= now - window]
-    if not samples or now - samples[-1][0] >= window / LAG_SAMPLES:
-        samples.append((now, lag.records))
+    with open_source(config) as topic:
+        where, evaluation, samples = streaming_check(
+            config, topic, generation, (mark, history), held, now, asset_of["realtime"]
+        )
     cursor["lag_samples"] = [[clock(t), n] for t, n in samples]
-    growth = None
-    if lag_grew(samples, window, now):
-        growth = (samples[0][1], samples[-1][1])
-    over = over_threshold(mark, config)
-    short, _ = behind(history, now, growth, over)
-    where = short or realtime_where(lag)
-    evaluation = keeps_up(history, asset_of["realtime"], now, growth, over, where)
     verdict_changed = cursor.get("keeps_up") != evaluation.passed
     if not (due or verdict_changed):
         return where, []
     cursor["reported_at"], cursor["keeps_up"] = clock(now), evaluation.passed
     return where, [evaluation]
+
+
+def streaming_check(
+    config: PipelineConfig,
+    topic: Source,
+    generation: Generation,
+    seen: tuple[Lag | None, list[PhaseChange]],
+    samples: list[tuple[float, int]],
+    now: float,
+    key: dg.AssetKey,
+) -> tuple[str, dg.AssetCheckEvaluation, list[tuple[float, int]]]:
+    """While streaming: the pipeline's state in one line and its ``keeps_up`` evaluation
+    on ``key``, from the offset lag's growth over ``switch.keeps_up_window`` (``samples``
+    of it, time and records behind, this one added when due), the watermark lag and the
+    phase history (``seen``); and the samples to keep. The sensor and the realtime run
+    both judge by it."""
+    mark, history = seen
+    lag = realtime_lag(generation, topic.latest_offsets(), mark, config)
+    window = config.switch.keeps_up_window
+    kept = [(t, n) for t, n in samples if t >= now - window]
+    if not kept or now - kept[-1][0] >= window / LAG_SAMPLES:
+        kept.append((now, lag.records))
+    growth = (kept[0][1], kept[-1][1]) if lag_grew(kept, window, now) else None
+    over = over_threshold(mark, config)
+    short, _ = behind(history, now, growth, over)
+    where = short or realtime_where(lag)
+    return where, keeps_up(history, key, now, growth, over, where), kept
+
+
+def realtime_keeps_up(
+    config: PipelineConfig, sink: Sink, instance: dg.DagsterInstance, key: dg.AssetKey
+) -> Callable[[], dg.AssetCheckEvaluation | None]:
+    """The realtime run's own ``keeps_up`` on ``key`` (``streaming_check``, on lag samples
+    the run keeps), evaluated with each status it materializes.
+
+    Dagster keeps one check record per run, which each evaluation in the run updates,
+    and shows the newest record; it counts that record against the asset's latest
+    materialization when both come from the same run. So the run evaluates the check
+    while it streams, the sensor does not, and the run's first evaluation waits until
+    the sensor has reported the switch (``phase_reported``): a record from the sensor
+    after it would hide the run's for as long as the run lasts. None while that is not
+    the case, or while the source cannot say its offsets (the sensor goes on judging
+    once the run has ended)."""
+    samples: list[tuple[float, int]] = []
+
+    def evaluate() -> dg.AssetCheckEvaluation | None:
+        now = time.time()
+        generation, history = sink.current_generation(), sink.phase_history()
+        if generation is None or not history or history[-1].phase != "realtime":
+            return None
+        if not samples and not phase_reported(instance, key, history[-1]):
+            return None
+        try:
+            with open_source(config) as topic:
+                mark = None
+                if config.backlog.watermark_lag_threshold is not None:
+                    mark = watermark_lag(generation, topic, config, now)
+                seen = (mark, history)
+                _, evaluation, kept = streaming_check(
+                    config, topic, generation, seen, samples, now, key
+                )
+        except SourceError:
+            return None
+        samples[:] = kept
+        return evaluation
+
+    return evaluate
+
+
+def phase_reported(instance: dg.DagsterInstance, key: dg.AssetKey, change: PhaseChange) -> bool:
+    """Whether the sensor's observation of ``change`` on ``key`` is stored."""
+    said = _said(change)
+    records = instance.fetch_observations(key, limit=STORED_LOOKBACK).records
+    return any(r.asset_observation and r.asset_observation.description == said for r in records)
 
 
 def gaining(progress: BacklogProgress) -> bool:
