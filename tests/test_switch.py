@@ -20,6 +20,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -391,52 +392,55 @@ def the_shared_spark_dies_and_comes_back(
     rightly takes it back into backlog, and its realtime run ends without failing."""
     producer = LiveProducer(topic.path, per_second=1_000)
     producer.start()
-    try:
-        before = {name: committed(configs, name) for name in configs}
-        running = {name: realtime_run_of(instance, name) for name in configs}
-        changes = {name: len(phase_history(configs, name)) for name in configs}
-        servers.stop(spark, signal.SIGKILL)
-        killed_at = time.monotonic()
-        time.sleep(10)
-        spark = servers.start_connect_server(
-            spark.port, spark.log.parent, master=master_url, conf=CLUSTER_CONF
-        )
-        servers.wait_until_listening(spark)
-        # On a busy machine (the other test worker's session beside this one) the new
-        # queries may wait minutes for Spark's Python workers to start in time.
-        for name in configs:
-            wait_until(
-                lambda n=name: committed(configs, n) > before[n],  # type: ignore[misc]
-                600,
-                f"{name} to commit again after the server came back",
+    with ExitStack() as on_failure:
+        try:
+            before = {name: committed(configs, name) for name in configs}
+            running = {name: realtime_run_of(instance, name) for name in configs}
+            changes = {name: len(phase_history(configs, name)) for name in configs}
+            servers.stop(spark, signal.SIGKILL)
+            killed_at = time.monotonic()
+            time.sleep(10)
+            spark = servers.start_connect_server(
+                spark.port, spark.log.parent, master=master_url, conf=CLUSTER_CONF
             )
-        print(
-            f"\nboth pipelines committed again {time.monotonic() - killed_at:.0f} s after the kill"
-        )
-        for name, run_id in running.items():
-            since = phase_history(configs, name)[changes[name] :]
-            if since and name == "region_minutes":
-                way_back = since[0]
-                print(f"{name} went back into backlog while Spark was away: {way_back[3]}")
-                assert way_back[1] == "backlog" and "above the threshold" in way_back[3]
-                # The run ends itself once it sees its generation replaced (success), or
-                # the sensor's cancel ends it; it does not fail.
+            # The caller stops the server it knows of: this one, only once returned.
+            on_failure.callback(servers.stop, spark)
+            servers.wait_until_listening(spark)
+            # On a busy machine (the other test worker's session beside this one) the new
+            # queries may wait minutes for Spark's Python workers to start in time.
+            for name in configs:
                 wait_until(
-                    lambda r=run_id: instance.get_run_by_id(r).is_finished,  # type: ignore[misc, union-attr]
-                    120,
-                    f"{name}'s realtime run to end after the way back",
+                    lambda n=name: committed(configs, n) > before[n],  # type: ignore[misc]
+                    600,
+                    f"{name} to commit again after the server came back",
                 )
-                ended = instance.get_run_by_id(run_id)
-                assert ended is not None and ended.status != dg.DagsterRunStatus.FAILURE
-                continue
-            assert not since, since
-            assert realtime_run_of(instance, name) == run_id
-            said = [e.user_message for e in instance.all_logs(run_id)]
-            went_on = "realtime: the Spark Connect server started again under this run"
-            assert any(went_on in m for m in said)
-    finally:
-        producer.stop()
-    caught_up_and_exact(configs, topic)
+            took = time.monotonic() - killed_at
+            print(f"\nboth pipelines committed again {took:.0f} s after the kill")
+            for name, run_id in running.items():
+                since = phase_history(configs, name)[changes[name] :]
+                if since and name == "region_minutes":
+                    way_back = since[0]
+                    print(f"{name} went back into backlog while Spark was away: {way_back[3]}")
+                    assert way_back[1] == "backlog" and "above the threshold" in way_back[3]
+                    # The run ends itself once it sees its generation replaced (success), or
+                    # the sensor's cancel ends it; it does not fail.
+                    wait_until(
+                        lambda r=run_id: instance.get_run_by_id(r).is_finished,  # type: ignore[misc, union-attr]
+                        120,
+                        f"{name}'s realtime run to end after the way back",
+                    )
+                    ended = instance.get_run_by_id(run_id)
+                    assert ended is not None and ended.status != dg.DagsterRunStatus.FAILURE
+                    continue
+                assert not since, since
+                assert realtime_run_of(instance, name) == run_id
+                said = [e.user_message for e in instance.all_logs(run_id)]
+                went_on = "realtime: the Spark Connect server started again under this run"
+                assert any(went_on in m for m in said)
+        finally:
+            producer.stop()
+        caught_up_and_exact(configs, topic)
+        on_failure.pop_all()
     return spark
 
 
