@@ -352,6 +352,10 @@ def test_a_backlog_run_that_went_on_as_realtime_is_the_realtime_run(
     def tick(instance: dg.DagsterInstance, cursor: Any) -> Any:
         return sensor(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
 
+    def report_due(cursor: str) -> str:
+        """The cursor, with the sensor's last report long ago: its next is due."""
+        return json.dumps(json.loads(cursor) | {"reported_at": "2000-01-01 00:00:00 UTC"})
+
     def checks(result: Any) -> list[dg.AssetCheckEvaluation]:
         return [e for e in result.asset_events if isinstance(e, dg.AssetCheckEvaluation)]
 
@@ -366,10 +370,7 @@ def test_a_backlog_run_that_went_on_as_realtime_is_the_realtime_run(
         # next tick, after it (Dagster shows a check evaluated before its asset's latest
         # materialization as not evaluated).
         assert not checks(tick(instance, serving.cursor))
-        long_ago = json.dumps(
-            json.loads(serving.cursor) | {"reported_at": "2000-01-01 00:00:00 UTC"}
-        )
-        assert not checks(tick(instance, long_ago))
+        assert not checks(tick(instance, report_due(serving.cursor)))
         backlog = dg.AssetKey("customer_totals_backlog")
         instance.report_runless_asset_event(dg.AssetMaterialization(asset_key=backlog))
         after = tick(instance, serving.cursor)
@@ -382,8 +383,7 @@ def test_a_backlog_run_that_went_on_as_realtime_is_the_realtime_run(
         # Its process died after it had served a while: realtime starts again at once,
         # and until the next run reports, the sensor evaluates keeps_up.
         instance.report_run_failed(run)
-        due = json.loads(serving.cursor) | {"reported_at": "2000-01-01 00:00:00 UTC"}
-        restarted = tick(instance, json.dumps(due))
+        restarted = tick(instance, report_due(serving.cursor))
         assert [r.job_name for r in restarted.run_requests] == ["customer_totals_realtime_job"]
         assert [(e.check_name, e.passed) for e in checks(restarted)] == [("keeps_up", True)]
 
