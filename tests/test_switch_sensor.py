@@ -11,6 +11,7 @@ import json
 import re
 import time
 import uuid
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ import pytest
 from backlog_dagster.components import switch
 from backlog_dagster.components.assets import pipeline_definitions
 from backlog_dagster.components.observations import finished_buckets, realtime_reporter
+from backlog_dagster.implementations import open_source
+from backlog_dagster.phases.markers import current_generation
 from backlog_dagster.phases.progress import RunProgress
 from backlog_dagster.phases.realtime import RealtimeStatus
 from backlog_dagster.sink import open_sink
@@ -381,9 +384,10 @@ def test_a_backlog_run_that_went_on_as_realtime_is_the_realtime_run(
         serving = tick(instance, after.cursor)
         assert not checks(serving)
         # Its process died after it had served a while: realtime starts again at once,
-        # and until the next run reports, the sensor evaluates keeps_up.
+        # and until the next run reports, the sensor evaluates keeps_up, from its first
+        # tick after the death (not one report interval later).
         instance.report_run_failed(run)
-        restarted = tick(instance, report_due(serving.cursor))
+        restarted = tick(instance, serving.cursor)
         assert [r.job_name for r in restarted.run_requests] == ["customer_totals_realtime_job"]
         assert [(e.check_name, e.passed) for e in checks(restarted)] == [("keeps_up", True)]
 
@@ -409,10 +413,10 @@ def test_a_realtime_run_evaluates_keeps_up_right_after_each_status_it_materializ
     defs = pipeline_definitions(config)
     sensor = defs.resolve_sensor_def("customer_totals_switch")
     key = dg.AssetKey("customer_totals_realtime")
-    with dg.instance_for_test() as instance, open_sink(config) as sink:
+    with dg.instance_for_test() as instance, open_sink(config) as sink, ExitStack() as stack:
         first = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
         events: list[Any] = []
-        check = switch.realtime_keeps_up(config, sink, instance, key)
+        check = stack.enter_context(switch.realtime_keeps_up(config, sink, instance, key))
         report = realtime_reporter(key, sink, 0.0, events.append, check)
         report(RealtimeStatus(offsets={0: 0, 1: 0}))  # a standby's, in backlog
         generation = sink.current_generation()
@@ -434,6 +438,34 @@ def test_a_realtime_run_evaluates_keeps_up_right_after_each_status_it_materializ
         assert (evaluation.asset_key, evaluation.check_name) == (key, "keeps_up")
         assert evaluation.passed and evaluation.description is not None
         assert evaluation.description.startswith("streaming, lag ")
+
+
+def test_with_the_sensor_stopped_a_realtime_run_evaluates_keeps_up_once_no_tick_can_follow(
+    make_topic: MakeTopic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No tick reports the switch (the sensor is stopped): the run evaluates keeps_up
+    once a tick begun before the switch would have ended (Dagster's limit on a tick,
+    made 0 here), and keeps its one source open between evaluations."""
+    make_topic(records=1_000, buckets=2)
+    config = pipeline(tmp_path, CUSTOMER_TOTALS)
+    key = dg.AssetKey("customer_totals_realtime")
+    opened: list[Any] = []
+
+    def counted(config: Any) -> Any:
+        opened.append(config.name)
+        return open_source(config)
+
+    monkeypatch.setattr(switch, "open_source", counted)
+    with dg.instance_for_test() as instance, open_sink(config) as sink:
+        with open_source(config) as topic:
+            generation = current_generation(sink, topic, config, print)
+        sink.record_phase(generation.number, "realtime", "every bucket reached its marker", None)
+        with switch.realtime_keeps_up(config, sink, instance, key) as check:
+            assert check() is None  # a tick begun before the switch may still be storing
+            monkeypatch.setattr(switch, "SENSOR_TICK_LIMIT_S", 0.0)
+            evaluations = [check(), check(), check()]
+        assert all(e is not None and e.passed for e in evaluations), evaluations
+        assert opened == ["customer_totals"]
 
 
 def test_finishes_and_phase_changes_are_reported_once_when_the_daemon_dies_mid_tick(

@@ -595,23 +595,20 @@ def _realtime_until_cancelled(
         if armed is None:
             return None
     key = context.asset_key
-    report = realtime_reporter(
-        key,
-        status_sink,
-        pipeline.switch.report_every,
-        context.log_event,
-        realtime_keeps_up(pipeline, status_sink, context.instance, key),
-    )
-    status = run_realtime(
-        spark,
-        realtime,
-        sink,
-        status_sink,
-        replace(run, on_status=report),
-        armed=armed,
-        source_reached=handed is not None,
-        reopen=reopen,
-    )
+    with realtime_keeps_up(pipeline, status_sink, context.instance, key) as check:
+        report = realtime_reporter(
+            key, status_sink, pipeline.switch.report_every, context.log_event, check
+        )
+        status = run_realtime(
+            spark,
+            realtime,
+            sink,
+            status_sink,
+            replace(run, on_status=report),
+            armed=armed,
+            source_reached=handed is not None,
+            reopen=reopen,
+        )
     return realtime_ended_metadata(status, status_sink)
 
 

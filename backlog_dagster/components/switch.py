@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -286,11 +287,10 @@ def _look(
     events = _not_stored_yet(context.instance, once)
     if history and history[-1].phase == "realtime":
         events += _after_materializations(context.instance, cursor, asset_of, history)
-    where, reports = _where(config, sink, generation, lag, history, cursor, now, asset_of)
     run = last["realtime"]
-    if history and history[-1].phase == "realtime" and run is not None and not run.is_finished:
-        # The realtime run evaluates keeps_up itself (``realtime_keeps_up``).
-        reports = [r for r in reports if not isinstance(r, dg.AssetCheckEvaluation)]
+    # While a realtime run is active it evaluates keeps_up itself (``realtime_keeps_up``).
+    judged = run is not None and not run.is_finished
+    where, reports = _where(config, sink, generation, (lag, judged), history, cursor, now, asset_of)
     standby_due = _standby_due(config, sink, generation, now)
     return _Seen(generation, cursor, where, events + reports, standby_due)
 
@@ -737,7 +737,7 @@ def _where(
     config: PipelineConfig,
     sink: Sink,
     generation: Generation,
-    mark: Lag | None,
+    seen: tuple[Lag | None, bool],
     history: list[PhaseChange],
     cursor: dict[str, Any],
     now: float,
@@ -746,7 +746,9 @@ def _where(
     """The pipeline's state in one line, and the reports due every ``switch.report_every``:
     in backlog, the progress the backlog run published and both assets' checks; in
     realtime, the ``keeps_up`` check on the lag and its growth (at once when its verdict
-    changes)."""
+    changes), unless an active realtime run judges it. ``seen``: the watermark lag, and
+    whether a realtime run is active."""
+    mark, judged = seen
     since = history[-1].changed_at if history else generation.created_at
     cursor.pop("observed_at", None)  # a cursor's key from before ``reported_at``
     due = now - (_unix(cursor.get("reported_at")) or 0.0) >= config.switch.report_every
@@ -771,6 +773,10 @@ def _where(
             config, topic, generation, (mark, history), held, now, asset_of["realtime"]
         )
     cursor["lag_samples"] = [[clock(t), n] for t, n in samples]
+    if judged:
+        # Forgotten, so that the first tick after the run has ended evaluates at once.
+        cursor.pop("keeps_up", None)
+        return where, []
     verdict_changed = cursor.get("keeps_up") != evaluation.passed
     if not (due or verdict_changed):
         return where, []
@@ -805,44 +811,61 @@ def streaming_check(
     return where, keeps_up(history, key, now, growth, over, where), kept
 
 
+#: Dagster's default limit on a sensor evaluation (``DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS``):
+#: a tick that began before the switch has stored its events by then.
+SENSOR_TICK_LIMIT_S = 60.0
+
+
+@contextmanager
 def realtime_keeps_up(
     config: PipelineConfig, sink: Sink, instance: dg.DagsterInstance, key: dg.AssetKey
-) -> Callable[[], dg.AssetCheckEvaluation | None]:
+) -> Iterator[Callable[[], dg.AssetCheckEvaluation | None]]:
     """The realtime run's own ``keeps_up`` on ``key`` (``streaming_check``, on lag samples
-    the run keeps), evaluated with each status it materializes.
+    the run keeps), evaluated with each status it materializes, over one source kept
+    open while the run lasts (opened again after an error).
 
     Dagster keeps one check record per run, which each evaluation in the run updates,
     and shows the newest record; it counts that record against the asset's latest
     materialization when both come from the same run. So the run evaluates the check
     while it streams, the sensor does not, and the run's first evaluation waits until
-    the sensor has reported the switch (``phase_reported``): a record from the sensor
-    after it would hide the run's for as long as the run lasts. None while that is not
-    the case, or while the source cannot say its offsets (the sensor goes on judging
-    once the run has ended)."""
+    the sensor has reported the switch (``phase_reported``), or, with the sensor
+    stopped, until any tick that began before the switch has ended
+    (``SENSOR_TICK_LIMIT_S``): a record from the sensor after it would hide the run's
+    for as long as the run lasts. None while that is not the case, or while the source
+    cannot say its offsets (the sensor goes on judging once the run has ended)."""
     samples: list[tuple[float, int]] = []
+    topic: Source | None = None
+    with ExitStack() as held:
 
-    def evaluate() -> dg.AssetCheckEvaluation | None:
-        now = time.time()
-        generation, history = sink.current_generation(), sink.phase_history()
-        if generation is None or not history or history[-1].phase != "realtime":
-            return None
-        if not samples and not phase_reported(instance, key, history[-1]):
-            return None
-        try:
-            with open_source(config) as topic:
+        def evaluate() -> dg.AssetCheckEvaluation | None:
+            nonlocal topic
+            now = time.time()
+            generation, history = sink.current_generation(), sink.phase_history()
+            if generation is None or not history or history[-1].phase != "realtime":
+                return None
+            if not (
+                samples
+                or now - history[-1].changed_at >= SENSOR_TICK_LIMIT_S
+                or phase_reported(instance, key, history[-1])
+            ):
+                return None
+            try:
+                if topic is None:
+                    topic = held.enter_context(open_source(config))
                 mark = None
                 if config.backlog.watermark_lag_threshold is not None:
                     mark = watermark_lag(generation, topic, config, now)
-                seen = (mark, history)
                 _, evaluation, kept = streaming_check(
-                    config, topic, generation, seen, samples, now, key
+                    config, topic, generation, (mark, history), samples, now, key
                 )
-        except SourceError:
-            return None
-        samples[:] = kept
-        return evaluation
+            except SourceError:
+                held.close()  # opened again at the next status
+                topic = None
+                return None
+            samples[:] = kept
+            return evaluation
 
-    return evaluate
+        yield evaluate
 
 
 def phase_reported(instance: dg.DagsterInstance, key: dg.AssetKey, change: PhaseChange) -> bool:
