@@ -31,10 +31,12 @@ from dagster_graphql import DagsterGraphQLClient
 from backlog_dagster.components.switch import STANDBY_TAG, STARTED_AS_TAG, runs_of_phase
 from backlog_dagster.kafka.mock_broker import mock_broker
 from backlog_dagster.log import Topic
+from backlog_dagster.phases.policy import FLAPPING_WAY_BACKS
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import open_sink
 from backlog_dagster.spark import servers
 from backlog_dagster.spark.servers import SparkServer, connect_server, standalone_cluster
+from backlog_dagster.tools import dev_server
 from backlog_dagster.tools.dev_server import (
     POSTGRES_INSTANCE,
     all_of,
@@ -45,8 +47,9 @@ from backlog_dagster.tools.dev_server import (
     postgres_url,
 )
 from backlog_dagster.tools.mirror import mirrored
+from tests.browser import chromium, page_showing
 from tests.conftest import MakeTopic, append_orders
-from tests.dagster_server import ROOT, bucket_finishes, dagster_dev, kill_run_worker, wait_for_run
+from tests.dagster_server import ROOT, bucket_finishes, kill_run_worker, wait_for_run
 from tests.pipelines import assert_customer_totals, assert_region_minutes, example_config
 from tests.postgres import (
     PrivateServer,
@@ -60,6 +63,7 @@ from tests.test_shared_spark import commit_workers
 #: The example's pipelines, by name, as this session declares them.
 Configs = dict[str, PipelineConfig]
 SINK_DSN = "BACKLOG_TEST_SINK_DSN"
+GENERATION_TAG = "backlog_dagster/generation"
 SPARK_URL = "BACKLOG_TEST_SPARK"
 KAFKA_SERVERS = "BACKLOG_TEST_KAFKA"
 #: The Connect server's application takes both workers' cores.
@@ -169,8 +173,9 @@ def test_the_example_under_dagster_dev_switches_recovers_goes_back_and_returns(
         monkeypatch.setenv(SPARK_URL, spark.url)
         with (
             mirrored(topic.path, kafka.bootstrap, "orders"),
-            dagster_dev(home, tmp_path, project) as client,
+            dev_server.dagster_dev(project, home, tmp_path) as server,
         ):
+            client = DagsterGraphQLClient("127.0.0.1", port_number=server.port)
             instance = dg.DagsterInstance.from_config(str(home))
             assert type(instance.run_storage).__name__ == "PostgresRunStorage"
             assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
@@ -198,6 +203,9 @@ def test_the_example_under_dagster_dev_switches_recovers_goes_back_and_returns(
                 spark,
                 sink_dsn,
                 meanwhile=lambda: killed_realtime_run_is_restarted(instance, configs, sink_dsn),
+            )
+            the_ui_shows_the_way_back_and_the_return(
+                instance, f"http://127.0.0.1:{server.port}", configs, tmp_path / "chromium"
             )
             wait_until(
                 lambda: sink_state(configs, "customer_totals")[1] == topic.latest_offsets(),
@@ -645,6 +653,62 @@ def stall_region_minutes_and_see_it_come_back(
     ]
     assert warnings and "more resources" in (warnings[0].description or "")
     assert_region_minutes(configs["region_minutes"], topic.path)
+
+
+def the_ui_shows_the_way_back_and_the_return(
+    instance: dg.DagsterInstance, url: str, configs: Configs, user_data: Path
+) -> None:
+    """After region_minutes went back into backlog and returned, in headless Chromium: the
+    way back and its cause among the backlog asset's events, the way backs counted in the
+    realtime asset's keeps_up check, the streaming run (in the Runs list and on its page)
+    with the pipeline's generation and phase as tags, and, on the lineage graph, the
+    backlog's check evaluated again and the realtime's passed (a warning if the pipeline
+    went back twice within the flapping window, which a slow machine may see: both are
+    the product's verdict)."""
+    history = phase_history(configs, "region_minutes")
+    backs = [h for h in history if h[1] == "backlog" and "above the threshold" in h[3]]
+    assert backs, history
+    number = backs[-1][0]
+    with chromium(user_data) as browser:
+        page_showing(
+            browser,
+            f"{url}/assets/region_minutes_backlog?view=events",
+            ["backlog since", "above the threshold"],
+        )
+        page_showing(
+            browser,
+            f"{url}/assets/region_minutes_realtime?view=checks",
+            ["keeps_up", "way(s) back into backlog in the last"],
+        )
+        # The run now streaming, from the way back's generation or a later one, is named
+        # for what it does and its tags are the pipeline's now.
+        with open_sink(configs["region_minutes"]) as sink:
+            generation = sink.current_generation()
+        assert generation is not None and generation.number >= number
+        started = [dg.DagsterRunStatus.STARTED]
+        run = runs_of_phase(instance, "region_minutes", "realtime", started)[0]
+        tags = [f"{GENERATION_TAG}: {generation.number}", "backlog_dagster/phase: realtime"]
+        page_showing(browser, f"{url}/runs/{run.run_id}", [run.job_name, *tags])
+        page_showing(browser, f"{url}/runs", [run.job_name, *tags])
+        lineage = f"{url}/locations/example/asset-groups/region_minutes/lineage"
+        passed = 2 if way_backs_in(history) < FLAPPING_WAY_BACKS else 1
+        shown = {"text": ""}
+
+        def checks_evaluated() -> bool:
+            shown["text"] = page_showing(browser, lineage, ["region_minutes_realtime", "/ 1"])
+            return shown["text"].count("1 / 1 Passed") == passed
+
+        try:
+            wait_until(checks_evaluated, 180, "the lineage graph to show both checks again")
+        except AssertionError as error:
+            raise AssertionError(f"{error}; the lineage graph showed:\n{shown['text']}") from None
+
+
+def way_backs_in(history: list[tuple[int, str, float | None, str]]) -> int:
+    """The way backs into backlog in ``history`` (realtime, then backlog)."""
+    return sum(
+        1 for a, b in itertools.pairwise(history) if a[1] == "realtime" and b[1] == "backlog"
+    )
 
 
 def keeps_up_evaluations(instance: dg.DagsterInstance, asset: str) -> list[Any]:
