@@ -877,6 +877,34 @@ def _label(case: str, results: dict[str, Any]) -> str:
     return LABELS[case]
 
 
+def _against_baseline(results: dict[str, Any]) -> str:
+    """Each case against the same case at the baseline commit, both from this run: the
+    ratio of their medians (the figures that hang on the hour compare only so); empty
+    without a baseline."""
+    cases = results["cases"]
+    figures = ("switch_s", "backlog_records_per_s", "realtime_p99_s")
+    rows = [
+        f"| {_label(case, results)} | {pipeline} | "
+        + " | ".join(_ratio(cases[case][pipeline][f], cases[base][pipeline][f]) for f in figures)
+        + " |"
+        for case in cases
+        if (base := case + BASELINE) in cases
+        for pipeline in PIPELINES
+    ]
+    if not rows:
+        return ""
+    return (
+        f"\nAgainst {results['baseline_commit']} in the same run (this code over that "
+        "commit's; under 1 is sooner for the switch and p99, over 1 is faster for records/s):"
+        "\n\n| case | pipeline | switch | backlog records/s | realtime p99 |\n"
+        "| --- | --- | ---: | ---: | ---: |\n" + "\n".join(rows) + "\n"
+    )
+
+
+def _ratio(ours: float | None, theirs: float | None) -> str:
+    return "n/a" if not ours or not theirs else f"{ours / theirs:.2f}x"
+
+
 def markdown(results: dict[str, Any], heading: str | None = None) -> str:
     """The section of ``BENCHMARKS.md`` for ``results``, under ``heading`` (by default a
     title naming the command that reproduces them)."""
@@ -944,7 +972,7 @@ input. {machine_line(results["machine"])}
 
 {HEADER}
 {table}
-
+{_against_baseline(results)}
 {fresh} (*None*: not within the run).
 
 CPU from the start until every pipeline had switched, by role (a run's worker, Spark JVM

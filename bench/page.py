@@ -41,37 +41,40 @@ MARKDOWN = named("markdown")
 
 @dataclass(frozen=True)
 class Bench:
-    """One bench: its script, the name of its result files, and how its module makes
-    its table from a result."""
+    """One bench: its script, the names of its result files (a bench run in several
+    ways names each way's file apart: the page shows the newest of them), and how its
+    module makes its table from a result."""
 
     script: str
-    result: str
+    results: tuple[str, ...]
     table: Table = MARKDOWN
 
 
-#: The benches of the product as it is, in the order the page shows them. Benches of
-#: machinery since removed (the log's JVM reader, the JVM-start tuning) are left off:
-#: their last results describe code that is gone.
+def crash_section(module: ModuleType, results: dict[str, Any], path: Path) -> str:
+    return str(module.benchmarks_section(results, path.stem))
+
+
+#: The benches of the product as it is, one section each, in the order the page shows
+#: them. Benches of machinery since removed (the log's JVM reader, the JVM-start
+#: tuning) are left off: their last results describe code that is gone.
 BENCHES = (
-    Bench("run.py", "default", lambda _, results, path: run_table(results, path)),
-    Bench("e2e.py", "e2e-as_shipped-shared_spark-against-*"),
-    Bench("e2e.py", "e2e-as_shipped-against-*"),
-    Bench("e2e.py", "e2e-as_shipped-half_second_micro_batches"),
-    Bench("e2e.py", "e2e-shared_spark_half_second"),
-    Bench("batch_ratio.py", "batch-ratio"),
-    Bench("chunks.py", "chunks", named("_markdown")),
-    Bench("realtime.py", "realtime"),
-    Bench("sources.py", "sources", named("_markdown")),
-    Bench("archive.py", "archive", named("_markdown")),
-    Bench("sinks.py", "sinks", lambda module, results, path: module._markdown(results, path)),
-    Bench("sink_calls.py", "sink-calls-against-*"),
-    Bench("spark_modes.py", "spark-modes", named("_markdown")),
-    Bench("crash.py", "crash-spark-connect", lambda m, r, path: m.benchmarks_section(r, path.stem)),
-    Bench("crash.py", "crash", lambda m, r, path: m.benchmarks_section(r, path.stem)),
-    Bench("flink.py", "flink", named("_markdown")),
-    Bench("warm_server.py", "warm-server"),
-    Bench("log_lookups.py", "log-lookups"),
-    Bench("armed_backlog.py", "armed-backlog", named("_markdown")),
+    Bench("run.py", ("default",), lambda _, results, path: run_table(results, path)),
+    # Named for its cases, and the baseline's commit when it has one.
+    Bench("e2e.py", ("e2e-*",)),
+    Bench("batch_ratio.py", ("batch-ratio",)),
+    Bench("chunks.py", ("chunks",), named("_markdown")),
+    Bench("realtime.py", ("realtime",)),
+    Bench("sources.py", ("sources",), named("_markdown")),
+    Bench("archive.py", ("archive",), named("_markdown")),
+    Bench("sinks.py", ("sinks",), lambda module, results, path: module._markdown(results, path)),
+    Bench("sink_calls.py", ("sink-calls-against-*",)),
+    Bench("spark_modes.py", ("spark-modes",), named("_markdown")),
+    # Each run by hand on a Spark per run or on one Connect server.
+    Bench("crash.py", ("crash", "crash-spark-connect"), crash_section),
+    Bench("flink.py", ("flink",), named("_markdown")),
+    Bench("warm_server.py", ("warm-server",)),
+    Bench("log_lookups.py", ("log-lookups",)),
+    Bench("armed_backlog.py", ("armed-backlog",), named("_markdown")),
 )
 
 HEADER = """# Benchmarks
@@ -94,19 +97,21 @@ again.
 """
 
 
-def latest(result: str) -> Path | None:
+def latest(results: tuple[str, ...]) -> Path | None:
     """The newest ``<date>-<result>.json`` (or ``<result>-<date>.json``, as two older
-    benches name theirs), by the date in the name; a ``*`` in ``result`` stands for any
-    name part (a baseline's commit)."""
+    benches name theirs) of any of ``results``, by the date in the name, then by the
+    time the result says it ran; a ``*`` in a result stands for any name part (cases, a
+    baseline's commit), a timeline beside a result is not one."""
     day = r"(\d{4}-\d{2}-\d{2})"
-    name = re.escape(result).replace(r"\*", r"[\w.]+")
-    pattern = re.compile(rf"^(?:{day}-{name}|{name}-{day})\.json$")
+    names = "|".join(re.escape(r).replace(r"\*", r"[\w.-]+") for r in results)
+    pattern = re.compile(rf"^(?:{day}-(?:{names})|(?:{names})-{day})\.json$")
     dated = []
     for path in RESULTS.glob("*.json"):
         match = pattern.match(path.name)
-        if match:
-            dated.append((match.group(1) or match.group(2), path))
-    return max(dated)[1] if dated else None
+        if match and not path.stem.endswith("-timeline"):
+            ran = str(json.loads(path.read_text()).get("date", ""))
+            dated.append((match.group(1) or match.group(2), ran, path))
+    return max(dated)[2] if dated else None
 
 
 def run_table(results: dict[str, Any], path: Path) -> str:
@@ -118,7 +123,7 @@ def run_table(results: dict[str, Any], path: Path) -> str:
 
 def section(bench: Bench) -> str | None:
     """The bench's table of its latest result, headed by the file it came from."""
-    path = latest(bench.result)
+    path = latest(bench.results)
     if path is None:
         return None
     module = importlib.import_module(bench.script.removesuffix(".py"))

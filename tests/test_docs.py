@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import http.server
 import importlib.util
+import re
 import subprocess
 import sys
 import threading
@@ -41,6 +42,21 @@ def test_every_setting_has_a_description_and_the_reference_lists_it() -> None:
     for expected in ("source.event_time", "transform.aggregations[].function", "spark_master"):
         assert expected in paths
     assert "sink.dsn (kind: postgres)" in paths
+
+
+def test_benchmarks_md_is_generated_one_section_per_bench() -> None:
+    """BENCHMARKS.md is what ``bench/page.py`` makes of the latest results, never edited by
+    hand, and shows each bench once: earlier runs stay in ``bench/results/``."""
+    spec = importlib.util.spec_from_file_location("bench_page", ROOT / "bench" / "page.py")
+    assert spec is not None and spec.loader is not None
+    page = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = page  # its dataclasses look their module up there
+    spec.loader.exec_module(page)
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    assert text == page.page(), "BENCHMARKS.md differs: run `.venv/bin/python bench/page.py`"
+    scripts = re.findall(r"^From `bench/results/[^`]+` \(`bench/([\w.]+)`\)\.$", text, re.M)
+    assert len(set(scripts)) == len(scripts), scripts
+    assert set(scripts) <= {bench.script for bench in page.BENCHES}, scripts
 
 
 def test_every_sink_table_column_is_explained_on_the_page_about_the_sink() -> None:
