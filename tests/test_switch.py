@@ -660,20 +660,31 @@ def the_ui_shows_the_way_back_and_the_return(
 ) -> None:
     """After region_minutes went back into backlog and returned, in headless Chromium: the
     way back and its cause among the backlog asset's events, the way backs counted in the
-    realtime asset's keeps_up check, the streaming run (in the Runs list and on its page)
-    with the pipeline's generation and phase as tags, and, on the lineage graph, the
+    realtime asset's keeps_up check, the streaming run in the Runs list with the
+    pipeline's generation and phase as tags, and, on the lineage graph, the
     backlog's check evaluated again and the realtime's passed (a warning if the pipeline
     went back twice within the flapping window, which a slow machine may see: both are
     the product's verdict)."""
     history = phase_history(configs, "region_minutes")
-    backs = [h for h in history if h[1] == "backlog" and "above the threshold" in h[3]]
+    backs = [h for h in history if h[1] == "backlog" and "back into backlog" in h[3]]
     assert backs, history
     number = backs[-1][0]
+    # Dagster's Events list shows each event's time; the one picked (``time``, in ms;
+    # ``asOf`` lists the events up to it) shows its description and metadata beside it.
+    key = dg.AssetKey("region_minutes_backlog")
+    way_back = next(
+        r
+        for r in instance.fetch_observations(key, limit=1000).records
+        if r.asset_observation is not None
+        and (r.asset_observation.description or "").startswith("backlog since")
+        and "back into backlog" in (r.asset_observation.description or "")
+    )
+    at = int(way_back.timestamp * 1000) + 1
     with chromium(user_data) as browser:
         page_showing(
             browser,
-            f"{url}/assets/region_minutes_backlog?view=events",
-            ["backlog since", "above the threshold"],
+            f"{url}/assets/region_minutes_backlog?view=events&asOf={at}&time={at}",
+            ["backlog since", "above the threshold", "back into backlog", "phase_history"],
         )
         page_showing(
             browser,
@@ -688,8 +699,8 @@ def the_ui_shows_the_way_back_and_the_return(
         started = [dg.DagsterRunStatus.STARTED]
         run = runs_of_phase(instance, "region_minutes", "realtime", started)[0]
         tags = [f"{GENERATION_TAG}: {generation.number}", "backlog_dagster/phase: realtime"]
-        page_showing(browser, f"{url}/runs/{run.run_id}", [run.job_name, *tags])
-        page_showing(browser, f"{url}/runs", [run.job_name, *tags])
+        # (A run's own page shows its tags only behind "View tags and config".)
+        page_showing(browser, f"{url}/runs", [run.run_id[:8], run.job_name, *tags])
         lineage = f"{url}/locations/example/asset-groups/region_minutes/lineage"
         passed = 2 if way_backs_in(history) < FLAPPING_WAY_BACKS else 1
         shown = {"text": ""}
