@@ -24,6 +24,7 @@ from backlog_dagster.log import Topic
 from backlog_dagster.phases.micro_batch import MicroBatchTimings, timings_log
 from backlog_dagster.pipeline.config import PipelineConfig
 from backlog_dagster.sink import open_sink
+from backlog_dagster.source import Source
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -221,9 +222,10 @@ class ProgressPoller(threading.Thread):
 
 
 def record_latencies(
-    topic: Topic, poller: ProgressPoller, start: dict[int, int], end: dict[int, int]
+    topic: Source, poller: ProgressPoller, start: dict[int, int], end: dict[int, int]
 ) -> np.ndarray:
-    """Seconds from each record's append to its result being visible, offsets [start, end)."""
+    """Seconds from each record's append to its result being visible, offsets [start, end)
+    (appended: as the log's index says, or a Kafka record's timestamp)."""
     latencies = []
     for bucket, first in start.items():
         seen = poller.seen.get(bucket, [])
@@ -239,8 +241,16 @@ def record_latencies(
     return np.concatenate(latencies) if latencies else np.array([])
 
 
-def _append_times(topic: Topic, bucket: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+def _append_times(
+    topic: Source, bucket: int, start: int, end: int
+) -> tuple[np.ndarray, np.ndarray]:
     offsets, appended = [], []
+    if not isinstance(topic, Topic):  # Kafka: each record's timestamp, read back
+        for stored in topic.read_records(bucket, start, end):
+            offsets.append(stored.offsets.to_numpy())
+            micros = stored.record_times.cast(pa.int64()).to_numpy(zero_copy_only=False)
+            appended.append(micros / 1e6)
+        return np.concatenate(offsets), np.concatenate(appended)
     for first, count, at in topic.append_times(bucket, start, end):
         low, high = max(first, start), min(first + count, end)
         offsets.append(np.arange(low, high))

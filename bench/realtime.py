@@ -9,11 +9,15 @@ time from its append to its result being visible in the SQLite sink. Each varian
 shipped settings at three intervals; the two windowed pipelines at 0.5 s; customer_totals
 with Spark's default checkpoint file manager, and with its file-system one (alone and
 with the other two pipelines); all three example pipelines' queries side by
-side in the one session, as under ``dagster dev`` they share the machine; region_daily
+side in the one session, as under ``dagster dev`` they share the machine; customer_totals
+reading its records from Kafka at 0.5 s and 2 s (a topic of librdkafka's mock cluster, the
+records produced at the live rate, JSON values; a record's append is its Kafka
+timestamp); region_daily
 in windows sliding by a minute, which the workload's late records miss every
 micro-batch, with the late windows left out as data and, before, by a filter naming
 them) runs ``repeat``
-times, alternating, each on a fresh log and sink; ``--variant`` picks some. "Before"
+times, alternating, each on a fresh log and sink; ``--variant`` picks some, and without
+it those in ``AS_SHIPPED`` run. "Before"
 keeps the other cut (no observation where the log's index answers), which no setting
 undoes.
 
@@ -34,6 +38,7 @@ import math
 import operator
 import statistics
 import sys
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,6 +50,7 @@ from cases import warm_session
 from report import machine_line, publish
 from run import PRESETS, _latency_at, machine
 
+from backlog_dagster.kafka.mock_broker import mock_broker
 from backlog_dagster.phases import micro_batch, transform
 from backlog_dagster.phases.transform import LateWindows
 from backlog_dagster.pipeline.config import PipelineConfig
@@ -108,6 +114,9 @@ class Variant:
     #: Whether late sliding windows are left out as before: by a filter naming them and a
     #: lambda named anew, new code for Spark to compile every micro-batch with late records.
     late_windows_named: bool = False
+    #: Whether the records come from a Kafka topic (librdkafka's mock cluster, a process
+    #: of its own) instead of the embedded log.
+    kafka: bool = False
 
 
 #: Spark's own default for checkpoint files, before the project set the FileSystem one.
@@ -131,6 +140,8 @@ VARIANTS: dict[str, Variant] = {
     "0.5 s (as shipped: read here, 1 partition)": Variant(0.5),
     "0.25 s (as shipped)": Variant(0.25),
     "2 s (as shipped; the example's interval)": Variant(2.0),
+    "from Kafka, 0.5 s (as shipped)": Variant(0.5, kafka=True),
+    "from Kafka, 2 s (the example's interval)": Variant(2.0, kafka=True),
     "region_minutes, 0.5 s": Variant(0.5, pipelines=("region_minutes",)),
     "region_daily, 0.5 s": Variant(0.5, pipelines=("region_daily",)),
     "0.5 s, two tasks and a shuffle (before)": Variant(0.5, one_task=False),
@@ -148,6 +159,20 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
+#: What a run without ``--variant`` measures: the settings as shipped, on the log and on
+#: Kafka, each pipeline alone and the three at once. The variants that keep a cut out
+#: ("before") measure what each cut gained, once: ``--variant`` names them.
+AS_SHIPPED = (
+    "0.5 s (as shipped: read here, 1 partition)",
+    "2 s (as shipped; the example's interval)",
+    "from Kafka, 0.5 s (as shipped)",
+    "from Kafka, 2 s (the example's interval)",
+    "region_minutes, 0.5 s",
+    "region_daily, 0.5 s",
+    "all three at once, 0.5 s",
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=30.0)
@@ -155,15 +180,20 @@ def main() -> None:
     parser.add_argument("--variant", action="append", choices=sorted(VARIANTS))
     args = parser.parse_args()
     preset = replace(PRESETS["default"], latency_seconds=args.seconds)
-    names = args.variant or list(VARIANTS)
+    names = args.variant or list(AS_SHIPPED)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    with warm_session("bench-realtime") as (spark, scratch):
-        # Unrecorded: every pipeline's code paths once, so that the first variant does
-        # not pay the JIT's first work alone.
+    with ExitStack() as stack:
+        kafka = None
+        if any(VARIANTS[n].kafka for n in names):
+            kafka = stack.enter_context(mock_broker(1))  # stopped after Spark
+        spark, scratch = stack.enter_context(warm_session("bench-realtime"))
+        # Unrecorded: every pipeline's code paths once (and the Kafka reader's), so that
+        # the first variant does not pay the JIT's first work alone.
         used = tuple(dict.fromkeys(p for n in names for p in VARIANTS[n].pipelines))
-        _latency_at(
-            spark, scratch, replace(preset, latency_seconds=10), 0.5, name="warm-up", pipelines=used
-        )
+        short = replace(preset, latency_seconds=10)
+        _latency_at(spark, scratch, short, 0.5, name="warm-up", pipelines=used)
+        if kafka is not None:
+            _latency_at(spark, scratch, short, 0.5, name="warm-up-kafka", kafka=kafka)
         for round_ in range(args.repeat):
             for index, name in enumerate(names):
                 variant = VARIANTS[name]
@@ -192,6 +222,7 @@ def main() -> None:
                         name=f"run-{round_}-{index}",
                         pipelines=variant.pipelines,
                         window=variant.window,
+                        kafka=kafka if variant.kafka else None,
                     )
                 finally:
                     for key, value in before.items():

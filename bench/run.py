@@ -58,7 +58,7 @@ from cases import (
 from report import write_plot
 
 from backlog_dagster.log import Topic, create_topic
-from backlog_dagster.pipeline.config import PipelineConfig, WindowConfig
+from backlog_dagster.pipeline.config import PipelineConfig, SourceConfig, WindowConfig
 from backlog_dagster.pipeline.load import load_pipeline
 from backlog_dagster.pipeline.paths import with_paths_under
 from backlog_dagster.sink import open_sink
@@ -71,6 +71,9 @@ from backlog_dagster.tools.workload import (
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from backlog_dagster.kafka.mock_broker import MockBroker
+    from backlog_dagster.source import Source
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -285,24 +288,38 @@ def _latency_at(
     name: str = "",
     pipelines: tuple[str, ...] = ("customer_totals",),
     window: dict[str, Any] | None = None,
+    kafka: MockBroker | None = None,
 ) -> dict[str, Any]:
     """Append → visible per record at ``interval`` s micro-batches (and any other
     ``realtime`` settings) of example ``pipelines`` (their realtime queries side by side
     in the one session, over one log and sink; ``window``: another ``transform.window``
     for each), with where each micro-batch spent its time and the CPU this process and
-    its children (Spark's JVM and Python workers) took while records were appended."""
+    its children (Spark's JVM and Python workers) took while records were appended.
+
+    With ``kafka``, the records are produced to a topic of that broker (JSON values, as
+    ``backlog-dagster kafka produce`` makes them) and the pipelines read it: a record is
+    appended when its Kafka timestamp says (the producer stamps the time it produced
+    it, to the millisecond)."""
     import psutil
 
     from backlog_dagster.phases.backlog import run_backlog
     from backlog_dagster.phases.realtime import RealtimeRun, run_realtime
 
     folder = scratch / (name or f"latency-{interval:g}")
-    topic = _topic(folder / "example" / "orders", 100_000)
+    if kafka is None:
+        topic: Source = _topic(folder / "example" / "orders", 100_000)
+        produce = ["log", "produce", str(topic.path)]  # type: ignore[attr-defined]
+    else:
+        topic = _kafka_topic(kafka, f"orders-{name or interval}", 100_000)
+        produce = ["kafka", "produce", "--bootstrap-servers", kafka.bootstrap]
+        produce += ["--topic", topic.name]
     settings = {"checkpoint_interval": interval, **(realtime_settings or {})}
     configs = []
     for pipeline in pipelines:
         config = _example(folder, pipeline)
         update: dict[str, Any] = {"realtime": config.realtime.model_copy(update=settings)}
+        if kafka is not None:
+            update["source"] = _on_kafka(config, kafka.bootstrap, topic.name)
         if window is not None:
             update["transform"] = config.transform.model_copy(
                 update={"window": WindowConfig.model_validate(window)}
@@ -345,9 +362,7 @@ def _latency_at(
     subprocess.run(
         [
             str(Path(sys.executable).with_name("backlog-dagster")),
-            "log",
-            "produce",
-            str(topic.path),
+            *produce,
             "--records",
             "0",
             "--live-rate",
@@ -372,13 +387,13 @@ def _latency_at(
     for runner in runners:
         runner.join(120)
     breakdown.stop(spark)
-    topic.close()
-    if errors:
-        raise errors[0]
-    each = {
-        c.name: record_latencies(topic, p, start, end)
-        for c, p in zip(configs, pollers, strict=True)
-    }
+    with topic:
+        if errors:
+            raise errors[0]
+        each = {
+            c.name: record_latencies(topic, p, start, end)
+            for c, p in zip(configs, pollers, strict=True)
+        }
     seconds = np.concatenate(list(each.values()))
     produced = sum(end[b] - start[b] for b in end)
     counts, edges = np.histogram(seconds, bins=40)
@@ -523,6 +538,31 @@ def _topic(path: Path, records: int) -> Topic:
     topic = create_topic(path, ORDERS_SCHEMA, timestamp_column=ORDERS_TIMESTAMP, buckets=BUCKETS)
     produce_backlog(topic, records, days=5)
     return topic
+
+
+def _kafka_topic(kafka: MockBroker, name: str, records: int) -> Source:
+    """A new Kafka topic of ``BUCKETS`` partitions holding a backlog of ``records`` orders,
+    open as a source."""
+    from backlog_dagster.kafka.topic import KafkaSettings, KafkaTopic
+    from backlog_dagster.tools.kafka_workload import KafkaOrders
+
+    kafka.create_topic(name, BUCKETS)
+    produce_backlog(KafkaOrders(kafka.bootstrap, name), records, days=5)
+    return KafkaTopic(KafkaSettings(kafka.bootstrap, name))
+
+
+def _on_kafka(config: PipelineConfig, bootstrap: str, topic: str) -> SourceConfig:
+    """``config``'s source, reading the orders from Kafka ``topic`` instead of the log."""
+    from backlog_dagster.tools.kafka_workload import ORDERS_RECORD_SCHEMA
+
+    return SourceConfig.model_validate(
+        {
+            **config.source.model_dump(exclude={"path", "kind", "kafka", "record_schema"}),
+            "kind": "kafka",
+            "kafka": {"bootstrap_servers": bootstrap, "topic": topic},
+            "record_schema": ORDERS_RECORD_SCHEMA,
+        }
+    )
 
 
 def _example(data: Path, pipeline: str = "customer_totals") -> PipelineConfig:
