@@ -11,8 +11,8 @@ stopped, the pipelines caught up with the log's end and a last audit.
 Writes ``bench/results/<date>-crash.json`` and ``<date>-crash.md`` (the table of trials:
 kill point, recovered, lost, duplicated, recovery time), rewritten after every trial, so
 a run stopped early leaves the table of the trials it finished (its header says how
-many); with ``--spark-connect``, ``<date>-crash-spark-connect.*``. Each Spark mode has
-a section of ``BENCHMARKS.md`` of its own. ``--resume`` goes on from that day's file
+many); with ``--spark-connect``, ``<date>-crash-spark-connect.*``. ``BENCHMARKS.md``
+shows the newest run of either mode. ``--resume`` goes on from that day's file
 up to ``--trials`` in new sessions (give it another ``--seed``); each trial records the
 commit it ran on.
 """
@@ -65,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(args.seed)
     started = time.monotonic()
-    # Each Spark mode has result files and a BENCHMARKS.md section of its own.
+    # Each Spark mode has result files of its own.
     stem = RESULTS / f"{datetime.now(timezone.utc):%Y-%m-%d}-crash"
     section = "bench/crash.py"
     if args.spark_connect:
