@@ -307,8 +307,9 @@ def _latency_at(
 
     folder = scratch / (name or f"latency-{interval:g}")
     if kafka is None:
-        topic: Source = _topic(folder / "example" / "orders", 100_000)
-        produce = ["log", "produce", str(topic.path)]  # type: ignore[attr-defined]
+        log = _topic(folder / "example" / "orders", 100_000)
+        topic: Source = log
+        produce = ["log", "produce", str(log.path)]
     else:
         topic = _kafka_topic(kafka, f"orders-{name or interval}", 100_000)
         produce = ["kafka", "produce", "--bootstrap-servers", kafka.bootstrap]
