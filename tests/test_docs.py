@@ -23,14 +23,19 @@ from tests.browser import chromium
 from tests.wheel import ROOT
 
 
-def reference() -> ModuleType:
-    """``docs/reference.py``, the hook that generates the reference pages."""
-    spec = importlib.util.spec_from_file_location("docs_reference", ROOT / "docs" / "reference.py")
+def script(name: str, path: Path) -> ModuleType:
+    """The module of a script outside the package, imported as ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def reference() -> ModuleType:
+    """``docs/reference.py``, the hook that generates the reference pages."""
+    return script("docs_reference", ROOT / "docs" / "reference.py")
 
 
 def test_every_setting_has_a_description_and_the_reference_lists_it() -> None:
@@ -47,11 +52,7 @@ def test_every_setting_has_a_description_and_the_reference_lists_it() -> None:
 def test_benchmarks_md_is_generated_one_section_per_bench() -> None:
     """BENCHMARKS.md is what ``bench/page.py`` makes of the latest results, never edited by
     hand, and shows each bench once: earlier runs stay in ``bench/results/``."""
-    spec = importlib.util.spec_from_file_location("bench_page", ROOT / "bench" / "page.py")
-    assert spec is not None and spec.loader is not None
-    page = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = page  # its dataclasses look their module up there
-    spec.loader.exec_module(page)
+    page = script("bench_page", ROOT / "bench" / "page.py")
     text = (ROOT / "BENCHMARKS.md").read_text()
     assert text == page.page(), "BENCHMARKS.md differs: run `.venv/bin/python bench/page.py`"
     scripts = re.findall(r"^From `bench/results/[^`]+` \(`bench/([\w.]+)`\)\.$", text, re.M)
